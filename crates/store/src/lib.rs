@@ -1,1 +1,207 @@
-//! (in progress)
+//! cairn's content-addressed store: file contents named by their fs-verity
+//! digest, EROFS metadata images named by their SHA-256, refs naming
+//! images, and the lock and staging area that keep all of it consistent.
+//!
+//! # On disk
+//!
+//! ```text
+//! <root>/                 default /var/lib/cairn
+//! ├── objects/
+//! │   └── ab/
+//! │       └── cdef…       file contents, named by the fs-verity SHA-256 digest
+//! │                       of those contents (hex, first two digits as a fan-out
+//! │                       directory, as composefs does); mode 0644, sealed with
+//! │                       fs-verity where the kernel can; never modified
+//! ├── images/
+//! │   └── <sha256>        EROFS metadata images, named by the SHA-256 of the file
+//! ├── layers/             per-layer records (a later issue)
+//! ├── refs/
+//! │   └── <name>          "<image sha256>\n"; replaced atomically
+//! ├── tmp/
+//! │   └── s.<pid>.<t>.<n>/  one staging directory per open Store, flock'ed
+//! │       └── o.<n> …       while it lives; files are written here first
+//! └── lock                flock(2) target for the store lock
+//! ```
+//!
+//! # Invariants
+//!
+//! - A file under `objects/` or `images/` is complete and its name is its
+//!   digest: it is written under `tmp/`, fsynced, made read-only, then
+//!   renamed into place without replacing anything (`RENAME_NOREPLACE`), and
+//!   its directory is fsynced. Writers racing on the same content are
+//!   harmless: the first rename wins, the others drop their copy.
+//! - A crash leaves only `tmp/` debris. [`Store::open`] (or
+//!   [`Store::clean_tmp`]) removes the staging directories no live writer
+//!   holds; see the `tmp` module for why that is safe against concurrent
+//!   writers in other processes.
+//! - A failed import (full disk, unreadable source) leaves nothing visible
+//!   and no staged file behind.
+//! - Kernel fs-verity is probed at run time; without it everything works
+//!   and digests are checked in userspace.
+//!
+//! # Modules
+//!
+//! `verity` computes digests (pure), `object` publishes objects, `image`
+//! images, `refs` refs, `lock` the store lock, `tmp` owns staging, `kernel`
+//! probes and enables fs-verity, `sys` holds the crate's only `unsafe`.
+
+#![deny(unsafe_code)]
+
+mod error;
+mod image;
+mod kernel;
+mod lock;
+mod object;
+mod refs;
+mod sys;
+mod tmp;
+mod verity;
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+pub use error::StoreError;
+pub use image::{is_image_digest, ImageWriter, Images};
+pub use kernel::VeritySupport;
+pub use lock::{LockKind, StoreLock};
+pub use object::Objects;
+pub use refs::{validate_ref_name, MAX_REF_NAME};
+pub use verity::{fsverity_digest, FsVerityHasher, ObjectId};
+
+use tmp::Staging;
+
+/// The default store root.
+pub const DEFAULT_ROOT: &str = "/var/lib/cairn";
+
+/// The directories every store has.
+const LAYOUT_DIRS: [&str; 5] = ["objects", "images", "layers", "refs", "tmp"];
+
+/// An open store. Cheap to share between threads (`&Store` is all any
+/// operation needs).
+#[derive(Debug)]
+pub struct Store {
+    root: PathBuf,
+    /// This Store's staging directory, made on first write so that opening
+    /// a store only to read it writes nothing.
+    staging: Mutex<Option<Arc<Staging>>>,
+    verity: OnceLock<VeritySupport>,
+}
+
+impl Store {
+    /// Opens the store at `root`, creating it and its layout (mode 0755
+    /// directories, the lock file) where missing, and removes stale `tmp/`
+    /// debris of writers that are gone.
+    pub fn open(root: &Path) -> Result<Store, StoreError> {
+        let root = std::path::absolute(root)
+            .map_err(|e| StoreError::io("resolving store root", root, root, e))?;
+        create_dir_0755(&root, &root, true)?;
+        for dir in LAYOUT_DIRS {
+            create_dir_0755(&root.join(dir), &root, false)?;
+        }
+        let lock = root.join("lock");
+        if fs::symlink_metadata(&lock).is_err() {
+            fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o644)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                .open(&lock)
+                .map_err(|e| StoreError::io("creating lock file", &lock, &root, e))?;
+        }
+        let store = Store {
+            root,
+            staging: Mutex::new(None),
+            verity: OnceLock::new(),
+        };
+        // Cleaning is housekeeping: a store we may read but not write (or a
+        // stuck entry) must not stop anyone from using it.
+        if let Err(e) = store.clean_tmp() {
+            match e.io_error().map(io::Error::kind) {
+                Some(io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem) => {
+                    tracing::debug!("not cleaning tmp/: {e}")
+                }
+                _ => tracing::warn!("could not clean stale staging files: {e}"),
+            }
+        }
+        Ok(store)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `<root>/layers`.
+    pub fn layers_dir(&self) -> PathBuf {
+        self.root.join("layers")
+    }
+
+    /// `<root>/tmp`.
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    /// Removes what writers that are gone left in `tmp/` (never anything a
+    /// live writer, in this process or another, holds). Returns how many
+    /// entries were removed. [`Store::open`] does this already.
+    pub fn clean_tmp(&self) -> Result<usize, StoreError> {
+        let own = self.current_staging().map(|s| s.path().to_path_buf());
+        tmp::clean_tmp(&self.root, own.as_deref())
+    }
+
+    /// Whether the kernel can seal objects with fs-verity on this store's
+    /// filesystem. Probed once per Store, on first use, by trying it on a
+    /// scratch file; when it cannot, a warning is logged once per process.
+    pub fn verity_support(&self) -> VeritySupport {
+        self.probed_verity().clone()
+    }
+
+    pub(crate) fn verity_supported(&self) -> bool {
+        self.probed_verity().is_supported()
+    }
+
+    fn probed_verity(&self) -> &VeritySupport {
+        self.verity.get_or_init(|| match self.staging() {
+            Ok(staging) => kernel::probe(&staging),
+            Err(e) => VeritySupport::Unsupported(format!("no scratch file to try it on: {e}")),
+        })
+    }
+
+    fn current_staging(&self) -> Option<Arc<Staging>> {
+        self.staging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// This Store's staging directory, made and locked on first use.
+    pub(crate) fn staging(&self) -> Result<Arc<Staging>, StoreError> {
+        let mut slot = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = &*slot {
+            return Ok(Arc::clone(s));
+        }
+        let s = Staging::create(&self.root)?;
+        *slot = Some(Arc::clone(&s));
+        Ok(s)
+    }
+}
+
+/// Creates `dir` with mode 0755 (whatever the umask) if it is missing;
+/// `all` also creates missing parents (for the root).
+fn create_dir_0755(dir: &Path, root: &Path, all: bool) -> Result<(), StoreError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    match fs::DirBuilder::new().recursive(all).mode(0o755).create(dir) {
+        Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+            .map_err(|e| StoreError::io("setting mode of", dir, root, e)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(StoreError::io("creating", dir, root, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

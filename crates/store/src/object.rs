@@ -1,0 +1,352 @@
+//! Objects: importing file contents into `objects/ab/cdef…`, finding and
+//! listing them.
+//!
+//! This module owns the publication of objects: hash, stage under `tmp/`,
+//! fsync, make read-only, seal with fs-verity where the kernel can, then
+//! `rename(2)` without replacing. It must never modify or remove an object
+//! once published (garbage collection, a later issue, is the only remover),
+//! and never publish a file whose content does not match its name.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use rustix::io::Errno;
+
+use crate::kernel;
+use crate::tmp::{sync_dir, Persisted, TmpFile};
+use crate::verity::{FsVerityHasher, ObjectId};
+use crate::{Store, StoreError};
+
+/// Read size for hashing and plain copies.
+const CHUNK: usize = 256 * 1024;
+
+impl Store {
+    /// `<root>/objects`.
+    pub fn objects_dir(&self) -> PathBuf {
+        self.root.join("objects")
+    }
+
+    /// `<root>/objects/ab/cdef…`.
+    pub fn object_path(&self, id: &ObjectId) -> PathBuf {
+        self.objects_dir().join(id.object_path())
+    }
+
+    /// Whether the object is in the store (as a regular file).
+    pub fn has_object(&self, id: &ObjectId) -> bool {
+        fs::symlink_metadata(self.object_path(id))
+            .map(|m| m.is_file())
+            .unwrap_or(false)
+    }
+
+    /// Imports `data`. If the object exists already nothing is written.
+    pub fn import_bytes(&self, data: &[u8]) -> Result<ObjectId, StoreError> {
+        let mut hasher = FsVerityHasher::new();
+        hasher.update(data);
+        let id = hasher.finalize();
+        if self.has_object(&id) {
+            return Ok(id);
+        }
+        let tmp = self.staging()?.tmp_file("o")?;
+        tmp.file()
+            .write_all(data)
+            .map_err(|e| tmp.err("writing object", e))?;
+        self.publish_object(tmp, &id)?;
+        Ok(id)
+    }
+
+    /// Streams `r` into a staged file while hashing it (one pass), then
+    /// publishes it. Returns the digest and the number of bytes read. If
+    /// reading fails, nothing is published and the staged file is removed.
+    pub fn import_reader(&self, mut r: impl Read) -> Result<(ObjectId, u64), StoreError> {
+        let tmp = self.staging()?.tmp_file("o")?;
+        let mut hasher = FsVerityHasher::new();
+        let mut buf = vec![0u8; CHUNK];
+        let mut out = tmp.file();
+        loop {
+            let n = match r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => {
+                    return Err(StoreError::Source {
+                        op: "reading",
+                        what: "the data being imported".into(),
+                        error,
+                    })
+                }
+            };
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n])
+                .map_err(|e| tmp.err("writing object", e))?;
+        }
+        let size = hasher.len();
+        let id = hasher.finalize();
+        if self.has_object(&id) {
+            return Ok((id, size));
+        }
+        self.publish_object(tmp, &id)?;
+        Ok((id, size))
+    }
+
+    /// Imports the contents of `src` (read from offset 0, whatever its file
+    /// position). Hashes first, so a file already in the store costs one
+    /// read and no write; otherwise clones it into staging (`FICLONE`, where
+    /// source and store share a filesystem that can), else copies it
+    /// (`copy_file_range`, else read/write). A source that changes while
+    /// this runs is an error ([`StoreError::SourceChanged`]), never a
+    /// mislabelled object. Non-regular files (pipes) are streamed.
+    pub fn import_file(&self, src: &File) -> Result<ObjectId, StoreError> {
+        // Naming the source costs a readlink: only on failure.
+        let src_err = |error| StoreError::Source {
+            op: "reading",
+            what: describe_fd(src),
+            error,
+        };
+        let before = src.metadata().map_err(src_err)?;
+        if !before.is_file() {
+            return self.import_reader(src).map(|(id, _)| id);
+        }
+        let mut hasher = FsVerityHasher::new();
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match src.read_at(&mut buf, hasher.len()) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(src_err(e)),
+            };
+            hasher.update(&buf[..n]);
+        }
+        let size = hasher.len();
+        let id = hasher.finalize();
+        let changed = || StoreError::SourceChanged {
+            what: describe_fd(src),
+            root: self.root.clone(),
+        };
+        if size != before.len() {
+            return Err(changed());
+        }
+        if self.has_object(&id) {
+            return Ok(id);
+        }
+        let tmp = self.staging()?.tmp_file("o")?;
+        match copy_contents(src, tmp.file(), size) {
+            Ok(()) => {}
+            Err(CopyError::Short) => return Err(changed()),
+            Err(CopyError::Read(e)) => return Err(src_err(e)),
+            Err(CopyError::Write(e)) => return Err(tmp.err("writing object", e)),
+        }
+        let after = src.metadata().map_err(src_err)?;
+        if !same_version(&before, &after) {
+            return Err(changed());
+        }
+        self.publish_object(tmp, &id)?;
+        Ok(id)
+    }
+
+    /// Makes a fully written staged file the object `id`.
+    fn publish_object(&self, mut tmp: TmpFile, id: &ObjectId) -> Result<(), StoreError> {
+        tmp.file()
+            .set_permissions(fs::Permissions::from_mode(0o644))
+            .map_err(|e| tmp.err("setting mode of object", e))?;
+        tmp.file()
+            .sync_all()
+            .map_err(|e| tmp.err("syncing object", e))?;
+        // fs-verity wants no writable descriptor open.
+        tmp.close();
+        if self.verity_supported() {
+            kernel::enable_on_path(tmp.path()).map_err(|error| StoreError::Verity {
+                path: tmp
+                    .path()
+                    .strip_prefix(&self.root)
+                    .unwrap_or(tmp.path())
+                    .into(),
+                root: self.root.clone(),
+                error,
+            })?;
+        }
+        let dest = self.object_path(id);
+        let fanout = dest
+            .parent()
+            .expect("object paths have a fan-out directory");
+        self.ensure_fanout_dir(fanout)?;
+        if tmp.persist(&dest, false)? == Persisted::Created {
+            sync_dir(fanout, &self.root)?;
+        }
+        Ok(())
+    }
+
+    /// Creates `objects/ab/` if missing (0755 whatever the umask), and
+    /// makes its entry in `objects/` durable.
+    fn ensure_fanout_dir(&self, dir: &Path) -> Result<(), StoreError> {
+        match fs::DirBuilder::new().mode(0o755).create(dir) {
+            Ok(()) => {
+                fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+                    .map_err(|e| StoreError::io("setting mode of", dir, &self.root, e))?;
+                sync_dir(&self.objects_dir(), &self.root)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(StoreError::io("creating", dir, &self.root, e)),
+        }
+    }
+
+    /// Every object in the store, in no particular order. Names under
+    /// `objects/` that are not object paths are skipped.
+    pub fn list_objects(&self) -> Result<Objects, StoreError> {
+        let dir = self.objects_dir();
+        let outer =
+            fs::read_dir(&dir).map_err(|e| StoreError::io("listing", &dir, &self.root, e))?;
+        Ok(Objects {
+            root: self.root.clone(),
+            outer,
+            inner: None,
+        })
+    }
+}
+
+/// Iterator over the objects of a store; see [`Store::list_objects`].
+#[derive(Debug)]
+pub struct Objects {
+    root: PathBuf,
+    outer: fs::ReadDir,
+    /// The fan-out directory being read, with its two hex digits.
+    inner: Option<(String, PathBuf, fs::ReadDir)>,
+}
+
+impl Iterator for Objects {
+    type Item = Result<ObjectId, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some((prefix, path, inner)) = &mut self.inner {
+                match inner.next() {
+                    Some(Ok(entry)) => {
+                        let name = entry.file_name();
+                        let Some(rest) = name.to_str() else { continue };
+                        if rest.len() != 62 || !is_lower_hex(rest) {
+                            continue;
+                        }
+                        match ObjectId::from_hex(&format!("{prefix}{rest}")) {
+                            Ok(id) => return Some(Ok(id)),
+                            Err(_) => continue,
+                        }
+                    }
+                    Some(Err(e)) => {
+                        return Some(Err(StoreError::io("listing", path, &self.root, e)));
+                    }
+                    None => self.inner = None,
+                }
+                continue;
+            }
+            let entry = match self.outer.next()? {
+                Ok(entry) => entry,
+                Err(e) => {
+                    let dir = self.root.join("objects");
+                    return Some(Err(StoreError::io("listing", &dir, &self.root, e)));
+                }
+            };
+            let name = entry.file_name();
+            let Some(prefix) = name.to_str() else {
+                continue;
+            };
+            if prefix.len() != 2 || !is_lower_hex(prefix) {
+                continue;
+            }
+            let path = entry.path();
+            match fs::read_dir(&path) {
+                Ok(inner) => self.inner = Some((prefix.to_owned(), path, inner)),
+                Err(e) if e.kind() == io::ErrorKind::NotADirectory => continue,
+                Err(e) => return Some(Err(StoreError::io("listing", &path, &self.root, e))),
+            }
+        }
+    }
+}
+
+pub(crate) fn is_lower_hex(s: &str) -> bool {
+    s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// What the source file is, for messages: its path if /proc knows it.
+fn describe_fd(f: &File) -> String {
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    match fs::read_link(format!("/proc/self/fd/{fd}")) {
+        Ok(p) => p.display().to_string(),
+        Err(_) => format!("file descriptor {fd}"),
+    }
+}
+
+/// Whether two `stat`s of one file show the same inode, size and times, i.e.
+/// nobody wrote to it in between.
+fn same_version(a: &fs::Metadata, b: &fs::Metadata) -> bool {
+    a.dev() == b.dev()
+        && a.ino() == b.ino()
+        && a.len() == b.len()
+        && a.mtime() == b.mtime()
+        && a.mtime_nsec() == b.mtime_nsec()
+        && a.ctime() == b.ctime()
+        && a.ctime_nsec() == b.ctime_nsec()
+}
+
+pub(crate) enum CopyError {
+    /// The source ended before `len` bytes.
+    Short,
+    Read(io::Error),
+    Write(io::Error),
+}
+
+/// Copies the first `len` bytes of `src` into the empty file `dst`, sharing
+/// extents where the filesystem can. Offsets are explicit, so neither
+/// file's position matters.
+pub(crate) fn copy_contents(src: &File, dst: &File, len: u64) -> Result<(), CopyError> {
+    if len == 0 {
+        return Ok(());
+    }
+    // FICLONE clones the whole file; a source that grew since it was hashed
+    // is caught by the caller's before/after stat comparison.
+    if rustix::fs::ioctl_ficlone(dst, src).is_ok() {
+        return Ok(());
+    }
+    let mut off_in = 0u64;
+    let mut off_out = 0u64;
+    while off_in < len {
+        let want = usize::try_from(len - off_in)
+            .unwrap_or(usize::MAX)
+            .min(1 << 30);
+        match rustix::fs::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), want) {
+            Ok(0) => return Err(CopyError::Short),
+            Ok(_) => {}
+            Err(Errno::INTR) => {}
+            // Not across these filesystems, or not at all: plain copy of
+            // what is left (the offsets say how far we got).
+            Err(Errno::XDEV | Errno::NOSYS | Errno::OPNOTSUPP | Errno::INVAL) => {
+                return copy_by_reading(src, dst, off_in, len);
+            }
+            // copy_file_range does not say which side failed; a full disk or
+            // a quota is on ours, anything else could be either.
+            Err(e @ (Errno::NOSPC | Errno::DQUOT | Errno::FBIG)) => {
+                return Err(CopyError::Write(e.into()))
+            }
+            Err(e) => return Err(CopyError::Read(e.into())),
+        }
+    }
+    Ok(())
+}
+
+fn copy_by_reading(src: &File, dst: &File, mut off: u64, len: u64) -> Result<(), CopyError> {
+    let mut buf = vec![0u8; CHUNK];
+    while off < len {
+        let want = usize::try_from(len - off).unwrap_or(usize::MAX).min(CHUNK);
+        let n = match src.read_at(&mut buf[..want], off) {
+            Ok(0) => return Err(CopyError::Short),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(CopyError::Read(e)),
+        };
+        dst.write_all_at(&buf[..n], off).map_err(CopyError::Write)?;
+        off += n as u64;
+    }
+    Ok(())
+}
