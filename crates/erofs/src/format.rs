@@ -307,7 +307,10 @@ mod tests {
     fn xattr_prefixes_split() {
         assert_eq!(xattr_name_index(b"user.foo"), (1, &b"foo"[..]));
         assert_eq!(xattr_name_index(b"system.posix_acl_access"), (2, &b""[..]));
-        assert_eq!(xattr_name_index(b"trusted.overlay.x"), (4, &b"overlay.x"[..]));
+        assert_eq!(
+            xattr_name_index(b"trusted.overlay.x"),
+            (4, &b"overlay.x"[..])
+        );
         assert_eq!(xattr_name_index(b"security.selinux"), (6, &b"selinux"[..]));
         assert_eq!(xattr_name_index(b"system.other"), (0, &b"system.other"[..]));
     }

@@ -93,6 +93,9 @@ pub fn read_image_with(data: &[u8], opts: &ReadOptions) -> Result<Tree, ReadErro
     img.build_tree(opts)
 }
 
+/// An xattr as (full name, value).
+type Xattr = (Vec<u8>, Vec<u8>);
+
 const OVERLAY_PREFIX: &[u8] = b"trusted.overlay.";
 const OVERLAY_ESCAPED_PREFIX: &[u8] = b"trusted.overlay.overlay.";
 
@@ -221,20 +224,23 @@ impl<'a> Image<'a> {
         let head = self
             .bytes(offset, size_of::<InodeCompact>() as u64)
             .ok_or_else(|| corrupt(nid, "inode lies past the end of the image"))?;
-        let (c, _) = InodeCompact::read_from_prefix(head)
-            .map_err(|_| corrupt(nid, "short inode"))?;
+        let (c, _) =
+            InodeCompact::read_from_prefix(head).map_err(|_| corrupt(nid, "short inode"))?;
         let format = c.i_format.get();
         let extended = (format >> I_VERSION_BIT) & I_VERSION_MASK == 1;
         let layout = (format >> I_DATALAYOUT_BIT) & I_DATALAYOUT_MASK;
         if format & !((I_DATALAYOUT_MASK << I_DATALAYOUT_BIT) | I_VERSION_MASK) != 0 {
-            return Err(corrupt(nid, format!("unknown inode format bits {format:#x}")));
+            return Err(corrupt(
+                nid,
+                format!("unknown inode format bits {format:#x}"),
+            ));
         }
         let mut raw = if extended {
             let b = self
                 .bytes(offset, size_of::<InodeExtended>() as u64)
                 .ok_or_else(|| corrupt(nid, "extended inode lies past the end of the image"))?;
-            let (e, _) = InodeExtended::read_from_prefix(b)
-                .map_err(|_| corrupt(nid, "short inode"))?;
+            let (e, _) =
+                InodeExtended::read_from_prefix(b).map_err(|_| corrupt(nid, "short inode"))?;
             RawInode {
                 nid,
                 mode: u32::from(e.i_mode.get()),
@@ -298,11 +304,18 @@ impl<'a> Image<'a> {
             INODE_FLAT_PLAIN => (ino.size, 0),
             INODE_FLAT_INLINE => {
                 let tail = ino.size % BLKSIZ;
-                let tail = if tail == 0 && ino.size > 0 { BLKSIZ } else { tail };
+                let tail = if tail == 0 && ino.size > 0 {
+                    BLKSIZ
+                } else {
+                    tail
+                };
                 (ino.size - tail, tail)
             }
             INODE_CHUNK_BASED => {
-                return Err(corrupt(nid, "chunk-based data where flat data was expected"))
+                return Err(corrupt(
+                    nid,
+                    "chunk-based data where flat data was expected",
+                ))
             }
             other => {
                 return Err(ReadError::Unsupported(format!(
@@ -314,7 +327,10 @@ impl<'a> Image<'a> {
         if blocks_len > 0 {
             let off = u64::from(ino.raw_blkaddr) * BLKSIZ;
             let b = self.bytes(off, blocks_len).ok_or_else(|| {
-                corrupt(nid, format!("data blocks at byte {off} lie past the end of the image"))
+                corrupt(
+                    nid,
+                    format!("data blocks at byte {off} lie past the end of the image"),
+                )
             })?;
             out.extend_from_slice(b);
         }
@@ -331,7 +347,7 @@ impl<'a> Image<'a> {
         Ok(out)
     }
 
-    fn xattrs(&self, ino: &RawInode) -> Result<Vec<(Vec<u8>, Vec<u8>)>, ReadError> {
+    fn xattrs(&self, ino: &RawInode) -> Result<Vec<Xattr>, ReadError> {
         let nid = ino.nid;
         let mut out = Vec::new();
         if ino.xattr_size == 0 {
@@ -351,10 +367,9 @@ impl<'a> Image<'a> {
                 .ok_or_else(|| corrupt(nid, "shared xattr index past the xattr area"))?;
             let idx = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             let off = self.xattr_base + u64::from(idx) * 4;
-            let entry = self
-                .data
-                .get(off as usize..)
-                .ok_or_else(|| corrupt(nid, format!("shared xattr {idx} past the end of the image")))?;
+            let entry = self.data.get(off as usize..).ok_or_else(|| {
+                corrupt(nid, format!("shared xattr {idx} past the end of the image"))
+            })?;
             let (kv, _) = parse_xattr_entry(entry).map_err(|r| corrupt(nid, r))?;
             out.push(kv);
             pos += 4;
@@ -413,9 +428,7 @@ impl<'a> Image<'a> {
 
     fn build_tree(&self, opts: &ReadOptions) -> Result<Tree, ReadError> {
         let composefs = self.header.composefs_version.is_some();
-        let max_inodes = opts
-            .max_inodes
-            .min(self.data.len() as u64 / SLOTSIZE + 1);
+        let max_inodes = opts.max_inodes.min(self.data.len() as u64 / SLOTSIZE + 1);
 
         // Breadth-first over directories, in the order the writer lays them out.
         struct DirVisit {
@@ -462,7 +475,10 @@ impl<'a> Image<'a> {
                 }
                 if FileType::from_mode(c.mode) == Some(FileType::Directory) {
                     if !seen_dirs.insert(child) {
-                        return Err(corrupt(child, "directory reached twice (a loop or a directory hardlink)"));
+                        return Err(corrupt(
+                            child,
+                            "directory reached twice (a loop or a directory hardlink)",
+                        ));
                     }
                     if v.depth + 1 > opts.max_depth {
                         return Err(ReadError::TooDeep(opts.max_depth));
@@ -504,9 +520,9 @@ impl<'a> Image<'a> {
         let mut tree = Tree::new(root_inode).map_err(|e| ReadError::Corrupt(e.to_string()))?;
         ids.insert(self.root_nid, crate::tree::ROOT);
         for e in &entries {
-            if !ids.contains_key(&e.2) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = ids.entry(e.2) {
                 let inode = self.make_inode(&raw[&e.2])?;
-                ids.insert(e.2, tree.push(inode));
+                slot.insert(tree.push(inode));
             }
         }
         for (i, (parent, name, child)) in entries.into_iter().enumerate() {
@@ -642,8 +658,9 @@ fn strip_dir_markers(tree: &mut Tree) {
 }
 
 /// Parses one xattr entry; returns the full name, value and bytes used (aligned).
-fn parse_xattr_entry(b: &[u8]) -> Result<((Vec<u8>, Vec<u8>), u64), String> {
-    let (e, _) = XattrEntry::read_from_prefix(b).map_err(|_| "truncated xattr entry".to_string())?;
+fn parse_xattr_entry(b: &[u8]) -> Result<(Xattr, u64), String> {
+    let (e, _) =
+        XattrEntry::read_from_prefix(b).map_err(|_| "truncated xattr entry".to_string())?;
     let name_len = usize::from(e.e_name_len);
     let value_len = usize::from(e.e_value_size.get());
     let hdr = size_of::<XattrEntry>();

@@ -234,10 +234,11 @@ impl<'t> Layout<'t> {
         while cur != 0 && parts.len() < crate::tree::MAX_DEPTH {
             let parent = self.nodes[cur].parent;
             if let Body::Dir(children) = &self.nodes[parent].body {
-                if let Some(c) = children
-                    .iter()
-                    .find(|c| matches!(c.target, Target::Node(n) if n == cur) && &*c.name != b"." && &*c.name != b"..")
-                {
+                if let Some(c) = children.iter().find(|c| {
+                    matches!(c.target, Target::Node(n) if n == cur)
+                        && &*c.name != b"."
+                        && &*c.name != b".."
+                }) {
                     parts.push(String::from_utf8_lossy(&c.name).into_owned());
                 }
             }
@@ -348,7 +349,9 @@ impl<'t> Layout<'t> {
                     }
                     Kind::Primary(id) => {
                         if id >= index_of.len() {
-                            return Err(Error::Invalid(format!("entry points at missing inode {id}")));
+                            return Err(Error::Invalid(format!(
+                                "entry points at missing inode {id}"
+                            )));
                         }
                         if index_of[id].is_some() {
                             return Err(Error::InvalidInode {
@@ -412,7 +415,9 @@ impl<'t> Layout<'t> {
                         None => {
                             return Err(Error::InvalidInode {
                                 path: String::from_utf8_lossy(&c.name).into_owned(),
-                                reason: "hardlink to an inode that has no primary entry in the tree".into(),
+                                reason:
+                                    "hardlink to an inode that has no primary entry in the tree"
+                                        .into(),
                             })
                         }
                     }
@@ -444,13 +449,11 @@ impl<'t> Layout<'t> {
                     return Err(bad(format!("file size {} is too large", n.size)));
                 }
             }
-            Body::Symlink(t) => {
-                if t.is_empty() || t.len() > MAX_PATH_LEN {
-                    return Err(bad(format!(
-                        "symlink target of {} bytes (must be 1 to {MAX_PATH_LEN})",
-                        t.len()
-                    )));
-                }
+            Body::Symlink(t) if t.is_empty() || t.len() > MAX_PATH_LEN => {
+                return Err(bad(format!(
+                    "symlink target of {} bytes (must be 1 to {MAX_PATH_LEN})",
+                    t.len()
+                )));
             }
             _ => {}
         }
@@ -547,7 +550,8 @@ impl<'t> Layout<'t> {
                 min = n.mtime;
             }
             if n.xattrs.iter().any(|(k, _)| {
-                k.as_slice() == b"system.posix_acl_access" || k.as_slice() == b"system.posix_acl_default"
+                k.as_slice() == b"system.posix_acl_access"
+                    || k.as_slice() == b"system.posix_acl_default"
             }) {
                 has_acl = true;
             }
@@ -636,7 +640,9 @@ impl<'t> Layout<'t> {
             pos += isize;
         }
         if self.nodes[0].nid > u64::from(u16::MAX) {
-            return Err(Error::Invalid("root inode does not fit in the first 64k slots".into()));
+            return Err(Error::Invalid(
+                "root inode does not fit in the first 64k slots".into(),
+            ));
         }
         self.inodes_end = round_up(pos, SLOTSIZE);
         Ok(())
@@ -667,7 +673,10 @@ impl<'t> Layout<'t> {
         if n.mtime != self.min_mtime {
             return false;
         }
-        if n.nlink > u32::from(u16::MAX) || n.uid > u32::from(u16::MAX) || n.gid > u32::from(u16::MAX) {
+        if n.nlink > u32::from(u16::MAX)
+            || n.uid > u32::from(u16::MAX)
+            || n.gid > u32::from(u16::MAX)
+        {
             return false;
         }
         let size = match n.body {
@@ -684,7 +693,12 @@ impl<'t> Layout<'t> {
         let header = ComposefsHeader {
             magic: COMPOSEFS_MAGIC.into(),
             version: COMPOSEFS_HEADER_VERSION.into(),
-            flags: if self.has_acl { COMPOSEFS_FLAGS_HAS_ACL } else { 0 }.into(),
+            flags: if self.has_acl {
+                COMPOSEFS_FLAGS_HAS_ACL
+            } else {
+                0
+            }
+            .into(),
             composefs_version: self.version.into(),
             unused: Default::default(),
         };
@@ -703,7 +717,8 @@ impl<'t> Layout<'t> {
             blocks: u32::try_from(blocks)
                 .map_err(|_| Error::Invalid(format!("image of {blocks} blocks is too large")))?
                 .into(),
-            meta_blkaddr: (((SUPER_OFFSET + size_of::<SuperBlock>() as u64) / BLKSIZ) as u32).into(),
+            meta_blkaddr: (((SUPER_OFFSET + size_of::<SuperBlock>() as u64) / BLKSIZ) as u32)
+                .into(),
             xattr_blkaddr: ((self.inodes_end / BLKSIZ) as u32).into(),
             ..Default::default()
         };
@@ -930,7 +945,9 @@ fn xattr_ibody_size_for(n_shared: u64, inline: u64) -> u64 {
         0
     } else {
         round_up(
-            size_of::<XattrIbodyHeader>() as u64 + n_shared * size_of::<XattrEntry>() as u64 + inline,
+            size_of::<XattrIbodyHeader>() as u64
+                + n_shared * size_of::<XattrEntry>() as u64
+                + inline,
             4,
         )
     }
@@ -940,7 +957,8 @@ fn xattr_filter(xattrs: &[(Vec<u8>, Vec<u8>)]) -> u32 {
     let mut bits = 0u32;
     for (k, _) in xattrs {
         let (index, suffix) = xattr_name_index(k);
-        let bit = xxh32(suffix, XATTR_FILTER_SEED.wrapping_add(u32::from(index))) & (XATTR_FILTER_BITS - 1);
+        let bit = xxh32(suffix, XATTR_FILTER_SEED.wrapping_add(u32::from(index)))
+            & (XATTR_FILTER_BITS - 1);
         bits |= 1 << bit;
     }
     XATTR_FILTER_DEFAULT & !bits

@@ -37,7 +37,10 @@ fn check_image_input(data: &[u8]) {
 
 fn files_in(dir: &Path) -> Vec<PathBuf> {
     match std::fs::read_dir(dir) {
-        Ok(rd) => rd.map(|e| e.unwrap().path()).filter(|p| p.is_file()).collect(),
+        Ok(rd) => rd
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file())
+            .collect(),
         Err(_) => Vec::new(),
     }
 }
@@ -70,13 +73,17 @@ fn vector_images() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for p in files_in(&dir) {
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if name.starts_with("should-fail") || !(name.ends_with(".dump") || name.ends_with(".dump.gz")) {
+        if name.starts_with("should-fail")
+            || !(name.ends_with(".dump") || name.ends_with(".dump.gz"))
+        {
             continue;
         }
         let raw = std::fs::read(&p).unwrap();
         let dump = if name.ends_with(".gz") {
             let mut d = Vec::new();
-            flate2::read::GzDecoder::new(&raw[..]).read_to_end(&mut d).unwrap();
+            flate2::read::GzDecoder::new(&raw[..])
+                .read_to_end(&mut d)
+                .unwrap();
             d
         } else {
             raw

@@ -17,7 +17,11 @@ fn vectors_dir() -> PathBuf {
 }
 
 /// Vectors the reference parses in its lenient mode.
-const LENIENT: &[&str] = &["no-newline.dump", "longlink.dump", "honggfuzz-longlink-unterminated.dump"];
+const LENIENT: &[&str] = &[
+    "no-newline.dump",
+    "longlink.dump",
+    "honggfuzz-longlink-unterminated.dump",
+];
 
 struct Vector {
     name: String,
@@ -40,19 +44,35 @@ fn vectors() -> Vec<Vector> {
         let raw = std::fs::read(dir.join(&name)).unwrap();
         let dump = if name.ends_with(".gz") {
             let mut d = Vec::new();
-            flate2::read::GzDecoder::new(&raw[..]).read_to_end(&mut d).unwrap();
+            flate2::read::GzDecoder::new(&raw[..])
+                .read_to_end(&mut d)
+                .unwrap();
             d
         } else {
             raw
         };
-        let sha256 = std::fs::read_to_string(dir.join(&sha_name)).unwrap().split_whitespace().next().unwrap().to_string();
+        let sha256 = std::fs::read_to_string(dir.join(&sha_name))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string();
         let opts = match std::fs::read_to_string(dir.join(format!("{name}.version"))) {
             Ok(v) => WriteOptions::pinned(v.trim().parse().unwrap()),
             Err(_) => WriteOptions::default(),
         };
-        out.push(Vector { name, dump, sha256, opts });
+        out.push(Vector {
+            name,
+            dump,
+            sha256,
+            opts,
+        });
     }
-    assert!(out.len() >= 12, "expected the composefs vectors, found {}", out.len());
+    assert!(
+        out.len() >= 12,
+        "expected the composefs vectors, found {}",
+        out.len()
+    );
     out
 }
 
@@ -90,7 +110,11 @@ fn every_vector_reproduces_the_reference_digest() {
             failures.push(format!("{}: got {got}, want {}", v.name, v.sha256));
         }
     }
-    assert!(failures.is_empty(), "digest mismatches:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "digest mismatches:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -100,27 +124,43 @@ fn read_back_and_rewrite_gives_the_same_bytes() {
         let image = mkfs_erofs_to_vec(&tree, &v.opts).unwrap();
         let back = read_image(&image).unwrap_or_else(|e| panic!("{}: reading back: {e}", v.name));
         let again = mkfs_erofs_to_vec(&back, &v.opts).unwrap();
-        assert!(image == again, "{}: image differs after read + write", v.name);
+        assert!(
+            image == again,
+            "{}: image differs after read + write",
+            v.name
+        );
         // The dump of the read-back tree parses and writes the same image too.
         let mut text = Vec::new();
         print_dump(&back, &mut text).unwrap();
         let reparsed = parse_dump(BufReader::new(&text[..]), &ParseOptions { strict: true })
             .unwrap_or_else(|e| panic!("{}: reparsing our dump: {e}", v.name));
-        assert!(mkfs_erofs_to_vec(&reparsed, &v.opts).unwrap() == image, "{}: dump round trip", v.name);
+        assert!(
+            mkfs_erofs_to_vec(&reparsed, &v.opts).unwrap() == image,
+            "{}: dump round trip",
+            v.name
+        );
     }
 }
 
 #[test]
 fn fsck_erofs_accepts_every_image() {
     let fsck = Command::new("fsck.erofs").arg("--help").output();
-    assert!(fsck.is_ok(), "fsck.erofs (erofs-utils) must be installed: run setup.sh");
+    assert!(
+        fsck.is_ok(),
+        "fsck.erofs (erofs-utils) must be installed: run setup.sh"
+    );
     let dir = tempfile::tempdir().unwrap();
     for v in vectors() {
         let image = mkfs_erofs_to_vec(&parse(&v), &v.opts).unwrap();
         let path = dir.path().join(format!("{}.img", v.name));
         std::fs::write(&path, &image).unwrap();
         let out = Command::new("fsck.erofs").arg(&path).output().unwrap();
-        assert!(out.status.success(), "{}: fsck.erofs: {}{}", v.name,
-            String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}: fsck.erofs: {}{}",
+            v.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -182,10 +182,13 @@ impl Scanner<'_, '_> {
                             reason: "file changed size while being read".into(),
                         });
                     }
-                    self.set_regular(id, RegularFile {
-                        content: Some(content),
-                        ..Default::default()
-                    });
+                    self.set_regular(
+                        id,
+                        RegularFile {
+                            content: Some(content),
+                            ..Default::default()
+                        },
+                    );
                 } else if meta.len() > 0 {
                     self.stats.external_bytes += meta.len();
                     self.pending.push((id, path.clone()));
@@ -230,7 +233,8 @@ impl Scanner<'_, '_> {
         }
         .min(pending.len());
         let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<(InodeId, ObjectId)>> = Mutex::new(Vec::with_capacity(pending.len()));
+        let results: Mutex<Vec<(InodeId, ObjectId)>> =
+            Mutex::new(Vec::with_capacity(pending.len()));
         let first_error: Mutex<Option<ScanError>> = Mutex::new(None);
         let store = self.opts.store;
         std::thread::scope(|s| {
@@ -260,11 +264,14 @@ impl Scanner<'_, '_> {
             return Err(e);
         }
         for (id, oid) in results.into_inner().expect("results lock") {
-            self.set_regular(id, RegularFile {
-                content: None,
-                payload: Some(oid.object_path().into_bytes()),
-                digest: Some(oid.0),
-            });
+            self.set_regular(
+                id,
+                RegularFile {
+                    content: None,
+                    payload: Some(oid.object_path().into_bytes()),
+                    digest: Some(oid.0),
+                },
+            );
         }
         Ok(())
     }
@@ -277,11 +284,17 @@ fn digest_file(path: &Path, store: Option<&Store>) -> Result<ObjectId, ScanError
             path: path.to_path_buf(),
             source,
         }),
-        None => fsverity_digest(std::io::BufReader::with_capacity(1 << 20, file)).map_err(io_err(path)),
+        None => {
+            fsverity_digest(std::io::BufReader::with_capacity(1 << 20, file)).map_err(io_err(path))
+        }
     }
 }
 
-fn inode_from_meta(path: &Path, meta: &Metadata, opts: &ScanOptions<'_>) -> Result<Inode, ScanError> {
+fn inode_from_meta(
+    path: &Path,
+    meta: &Metadata,
+    opts: &ScanOptions<'_>,
+) -> Result<Inode, ScanError> {
     let mut inode = Inode::new(meta.mode()).map_err(|e| ScanError::Invalid {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -334,7 +347,10 @@ fn read_xattrs(path: &Path) -> Result<std::collections::BTreeMap<Vec<u8>, Vec<u8
     }
     let mut list = vec![0u8; size];
     let n = rustix::fs::llistxattr(path, &mut list[..]).map_err(errno)?;
-    for name in list[..n.min(list.len())].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+    for name in list[..n.min(list.len())]
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+    {
         let vsize = match rustix::fs::lgetxattr_query(path, name) {
             Ok(s) => s,
             // Removed between list and get.
