@@ -1,1 +1,39 @@
-//! (in progress)
+//! Mounting cairn images: the composefs stack, built with the new mount API.
+//!
+//! An image is an EROFS metadata file whose regular files carry
+//! `trusted.overlay.redirect=/ab/cdef…` and `trusted.overlay.metacopy`; the
+//! file contents live in the store's `objects/` directory. [`mount_image`]
+//! mounts the EROFS file directly (no loop device), stacks overlayfs on it
+//! with `objects/` as a data-only lower layer, adds an optional upper layer
+//! (tmpfs or a host directory) and an optional id mapping, and attaches the
+//! result — see [`stack`] for the picture and for why nothing is left behind
+//! when any step fails.
+//!
+//! Layers:
+//! - [`mod@probe`]: what the running kernel can do, tried at run time and cached;
+//!   [`KernelFeatures::require`] names what is missing and what to do.
+//! - [`stack`]: [`mount_image`], [`prepare_image`] and their options.
+//! - [`mountinfo`]: the mount table ([`find_mount`], [`is_mountpoint`]) and
+//!   [`umount`].
+//! - [`userns`]: user namespaces that carry an [`IdMap`].
+//! - `sys`: the only `unsafe` code (`mount_setattr`, `fork`, one ioctl).
+//!
+//! This crate never uses the legacy `mount(2)` call, never creates loop
+//! devices or temporary directories, and never logs an error it returns.
+#![deny(unsafe_code)]
+
+mod error;
+mod fscontext;
+pub mod mountinfo;
+pub mod probe;
+pub mod stack;
+mod sys;
+pub mod userns;
+
+pub use error::{Action, MountError};
+pub use mountinfo::{
+    find_mount, is_mountpoint, mount_table, umount, umount_with, MountEntry, UmountOptions,
+};
+pub use probe::{probe, Feature, KernelFeatures, MissingFeature, Support};
+pub use stack::{mount_image, prepare_image, MountOptions, PreparedMount, UpperSpec, VerityMode};
+pub use userns::{IdMap, UserNamespace};

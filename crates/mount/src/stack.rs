@@ -1,0 +1,462 @@
+//! Assembles and attaches the composefs stack, through the new mount API only.
+//!
+//! ```text
+//!                      target  (the only mount that appears in mountinfo)
+//!                        │
+//!                   overlayfs   source=<image>, redirect_dir=on, metacopy=on
+//!      ┌─────────────────┼──────────────────────┬────────────────────────┐
+//!  lowerdir+          datadir+              upperdir/workdir       (none: ro)
+//!  EROFS image        objects/ clone         tmpfs (size=…) or
+//!  (fsmount fd,       (open_tree fd,         <dir>/upper, <dir>/work
+//!   file-backed)       data-only layer)
+//!      └── idmapped ──────┘  when an IdMap is given (mount_setattr)
+//! ```
+//!
+//! Every layer is a *detached* mount: it exists only as a file descriptor of
+//! this process until overlayfs takes its own private clone. Once the overlay
+//! is attached the descriptors are closed, so the overlay is the only thing
+//! holding the layers and `umount(target)` frees them all. For the same
+//! reason a failure (or a `kill -9`) at any step leaves nothing behind: no
+//! mount, no loop device (EROFS reads the image file directly), no
+//! temporary directory (none is ever made); the kernel drops detached mounts
+//! with the last fd. [`prepare_image`] stops just before attaching, which the
+//! tests use to kill a mounter at its last step.
+//!
+//! Idmapping: the EROFS and objects layers are idmapped, the upper layer is
+//! not. overlayfs does its upper-layer work (work dir, copy-up) with the
+//! credentials of whoever mounted it; for root those ids (0) have no mapping
+//! through an idmapped upper, so the kernel gets `EOVERFLOW` creating
+//! `work/work` and silently mounts the overlay read-only. Instead the upper
+//! stores host ids, and its root directory is given the owner that the
+//! idmapped image root shows, so the container's root owns `/`. (The overlay
+//! mount itself cannot be idmapped: overlayfs refuses `MOUNT_ATTR_IDMAP`.)
+//! A writable stack that still comes up read-only is reported as an error.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{
+    chmodat, chownat, fstat, fstatvfs, mkdirat, openat, AtFlags, FileType, Gid, Mode, OFlags,
+    StatVfsMountFlags, Uid, CWD,
+};
+use rustix::mount::{move_mount, open_tree, MountAttrFlags, MoveMountFlags, OpenTreeFlags};
+
+use crate::error::{Action, MountError, StepFailure};
+use crate::fscontext::{fd_path, fd_subpath, FsContext};
+use crate::probe::{probe, verity_support_of, Feature, MissingFeature, Support};
+use crate::sys;
+use crate::userns::{IdMap, UserNamespace};
+
+/// Where a container's writes go.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum UpperSpec {
+    /// Read-only stack.
+    #[default]
+    None,
+    /// A fresh tmpfs, optionally capped at `size` bytes (writes past it fail
+    /// with `ENOSPC`); gone at unmount.
+    Tmpfs { size: Option<u64> },
+    /// `DIR/upper` and `DIR/work` (created if missing; they must be on one
+    /// filesystem); kept after unmount and visible to `du`.
+    Dir(PathBuf),
+}
+
+/// Whether overlayfs must check object digests with fs-verity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VerityMode {
+    #[default]
+    Off,
+    /// overlay `verity=require`. An error where the kernel (or the objects'
+    /// filesystem) lacks fs-verity.
+    Require,
+}
+
+/// What to mount where.
+#[derive(Clone, Debug)]
+pub struct MountOptions<'a> {
+    /// The EROFS metadata image file.
+    pub image: &'a Path,
+    /// The store's `objects/` directory (the data-only layer).
+    pub objects: &'a Path,
+    /// An existing directory to mount on.
+    pub target: &'a Path,
+    pub upper: UpperSpec,
+    /// Show the image's ids shifted by this mapping.
+    pub idmap: Option<IdMap>,
+    pub verity: VerityMode,
+}
+
+impl MountOptions<'_> {
+    /// The kernel features this stack needs.
+    pub fn required_features(&self) -> Vec<Feature> {
+        let mut needed = vec![
+            Feature::NewMountApi,
+            Feature::Erofs,
+            Feature::ErofsFileBacked,
+            Feature::Overlay,
+            Feature::OverlayDataOnlyLayers,
+            Feature::OverlayDetachedLayers,
+        ];
+        if self.idmap.is_some() {
+            needed.extend([Feature::UserNamespaces, Feature::IdmappedMounts]);
+        }
+        if self.verity == VerityMode::Require {
+            needed.push(Feature::FsVerity);
+        }
+        needed
+    }
+}
+
+/// A finished overlay that is not attached anywhere yet: it exists only as
+/// this file descriptor, and dropping it unmounts everything.
+#[derive(Debug)]
+pub struct PreparedMount {
+    overlay: OwnedFd,
+}
+
+impl PreparedMount {
+    /// `move_mount` the overlay onto `target`.
+    pub fn attach(self, target: &Path) -> Result<(), MountError> {
+        move_mount(
+            &self.overlay,
+            "",
+            CWD,
+            target,
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .map_err(|errno| {
+            MountError::step(
+                Action::AttachOverlay,
+                target,
+                StepFailure::new("move_mount", errno),
+            )
+        })?;
+        tracing::debug!(target = %target.display(), "attached overlay");
+        Ok(())
+    }
+}
+
+impl AsFd for PreparedMount {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.overlay.as_fd()
+    }
+}
+
+/// Mounts the image stack described by `opts` on `opts.target`.
+pub fn mount_image(opts: &MountOptions<'_>) -> Result<(), MountError> {
+    prepare_image(opts)?.attach(opts.target)
+}
+
+/// Builds the whole stack as a detached overlay, without attaching it.
+/// `opts.target` is used only to name the mount in errors.
+pub fn prepare_image(opts: &MountOptions<'_>) -> Result<PreparedMount, MountError> {
+    prepare(opts, false)
+}
+
+/// Test hook, not part of the API: [`prepare_image`] with the older
+/// `lowerdir=META::OBJECTS` syntax, which `prepare_image` uses only on
+/// kernels without `lowerdir+`, so that the fallback is tested on new ones.
+#[doc(hidden)]
+pub fn prepare_image_with_legacy_lowerdir(
+    opts: &MountOptions<'_>,
+) -> Result<PreparedMount, MountError> {
+    prepare(opts, true)
+}
+
+fn prepare(opts: &MountOptions<'_>, force_legacy: bool) -> Result<PreparedMount, MountError> {
+    let features = probe();
+    features.require(&opts.required_features())?;
+
+    let invalid = |action, path: &Path, reason: String| MountError::Invalid {
+        action,
+        path: path.to_path_buf(),
+        reason,
+    };
+    if opts.upper == (UpperSpec::Tmpfs { size: Some(0) }) {
+        return Err(invalid(
+            Action::MountTmpfsUpper,
+            opts.target,
+            "a tmpfs size of 0 would mean no limit; leave it unset for that".into(),
+        ));
+    }
+    // Absolute, so that the overlay's source names the image wherever the
+    // caller's working directory was.
+    let image = std::path::absolute(opts.image).map_err(|e| {
+        MountError::step(
+            Action::MountErofs,
+            opts.image,
+            StepFailure::io("resolving path", &e),
+        )
+    })?;
+
+    let userns = opts.idmap.map(UserNamespace::new).transpose()?;
+    let erofs = mount_erofs(&image, userns.as_ref())?;
+    let objects = open_objects(opts.objects, userns.as_ref())?;
+    if opts.verity == VerityMode::Require {
+        // The open_tree fd is O_PATH, which ioctls refuse: open the directory.
+        let dir = openat(
+            &objects,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|errno| {
+            MountError::step(
+                Action::OpenObjects,
+                opts.objects,
+                StepFailure::new("openat", errno),
+            )
+        })?;
+        let support = verity_support_of(dir.as_fd(), &opts.objects.display().to_string());
+        if support != Support::Present {
+            return Err(MissingFeature {
+                feature: Feature::FsVerity,
+                support,
+                release: features.release().to_string(),
+            }
+            .into());
+        }
+    }
+    let upper = prepare_upper(opts, &erofs)?;
+    let overlay = mount_overlay(
+        opts,
+        &image,
+        &erofs,
+        &objects,
+        &upper,
+        features.has(Feature::OverlayLayerAppend) && !force_legacy,
+    )?;
+    tracing::debug!(image = %image.display(), "prepared overlay stack");
+    Ok(PreparedMount { overlay })
+    // erofs, objects and the tmpfs upper close here; the overlay holds clones.
+}
+
+fn idmap(fd: &OwnedFd, userns: Option<&UserNamespace>) -> Result<(), StepFailure> {
+    match userns {
+        Some(ns) => sys::mount_setattr_idmap(fd.as_fd(), ns.as_fd())
+            .map_err(|errno| StepFailure::new("mount_setattr (idmap)", errno)),
+        None => Ok(()),
+    }
+}
+
+/// The EROFS image as a detached, read-only, file-backed mount.
+fn mount_erofs(image: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, MountError> {
+    let run = || {
+        let ctx = FsContext::open("erofs")?;
+        ctx.set_string("source", image)?;
+        ctx.set_flag("ro")?;
+        let fd = ctx.create_and_mount(MountAttrFlags::MOUNT_ATTR_RDONLY)?;
+        idmap(&fd, userns)?;
+        Ok(fd)
+    };
+    run().map_err(|mut f: StepFailure| {
+        // The probe found file-backed mounts, so ENOTBLK here is about where
+        // the image lives: EROFS needs a page cache it can read (read_folio),
+        // which tmpfs files lack.
+        if f.errno == rustix::io::Errno::NOTBLK {
+            f.step = format!(
+                "{} (EROFS cannot read image files on this filesystem, e.g. tmpfs; \
+                 keep images on a disk filesystem)",
+                f.step
+            );
+        }
+        MountError::step(Action::MountErofs, image, f)
+    })
+}
+
+/// A detached clone of the objects directory.
+fn open_objects(objects: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, MountError> {
+    let run = || {
+        let fd = open_tree(
+            CWD,
+            objects,
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .map_err(|errno| StepFailure::new("open_tree (clone)", errno))?;
+        let st = fstat(&fd).map_err(|errno| StepFailure::new("fstat", errno))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+            return Err(StepFailure::new(
+                "open_tree (clone)",
+                rustix::io::Errno::NOTDIR,
+            ));
+        }
+        idmap(&fd, userns)?;
+        Ok(fd)
+    };
+    run().map_err(|f| MountError::step(Action::OpenObjects, objects, f))
+}
+
+/// The upper layer, ready for `upperdir=`/`workdir=`.
+enum Upper {
+    None,
+    Tmpfs(OwnedFd),
+    Dir(PathBuf),
+}
+
+impl Upper {
+    fn dirs(&self) -> Option<(String, String)> {
+        match self {
+            Upper::None => None,
+            Upper::Tmpfs(fd) => Some((fd_subpath(fd, "upper"), fd_subpath(fd, "work"))),
+            Upper::Dir(dir) => Some((
+                dir.join("upper").display().to_string(),
+                dir.join("work").display().to_string(),
+            )),
+        }
+    }
+}
+
+/// Owner and permissions for a freshly made `upper/`: those the (idmapped)
+/// image root shows, since overlayfs takes the merged root's from the upper.
+struct RootAttrs {
+    mode: Mode,
+    uid: Uid,
+    gid: Gid,
+}
+
+fn root_attrs(erofs: &OwnedFd) -> Result<RootAttrs, StepFailure> {
+    let st = fstat(erofs).map_err(|errno| StepFailure::new("fstat image root", errno))?;
+    Ok(RootAttrs {
+        mode: Mode::from_raw_mode(st.st_mode & 0o7777),
+        uid: Uid::from_raw(st.st_uid),
+        gid: Gid::from_raw(st.st_gid),
+    })
+}
+
+fn prepare_upper(opts: &MountOptions<'_>, erofs: &OwnedFd) -> Result<Upper, MountError> {
+    match &opts.upper {
+        UpperSpec::None => Ok(Upper::None),
+        UpperSpec::Tmpfs { size } => {
+            let run = || {
+                let attrs = root_attrs(erofs)?;
+                let ctx = FsContext::open("tmpfs")?;
+                if let Some(size) = size {
+                    ctx.set_string("size", size.to_string())?;
+                }
+                let fd = ctx.create_and_mount(MountAttrFlags::empty())?;
+                let step = |what: &'static str| move |errno| StepFailure::new(what, errno);
+                mkdirat(&fd, "upper", attrs.mode).map_err(step("mkdirat upper"))?;
+                // mkdirat is subject to the umask; set the exact bits.
+                chmodat(&fd, "upper", attrs.mode, AtFlags::empty())
+                    .map_err(step("chmodat upper"))?;
+                chownat(
+                    &fd,
+                    "upper",
+                    Some(attrs.uid),
+                    Some(attrs.gid),
+                    AtFlags::empty(),
+                )
+                .map_err(step("chownat upper"))?;
+                mkdirat(&fd, "work", Mode::from_raw_mode(0o700)).map_err(step("mkdirat work"))?;
+                Ok(Upper::Tmpfs(fd))
+            };
+            run().map_err(|f| MountError::step(Action::MountTmpfsUpper, opts.target, f))
+        }
+        UpperSpec::Dir(dir) => {
+            let fail = |step: &str, e: &io::Error| {
+                MountError::step(Action::PrepareUpperDir, dir, StepFailure::io(step, e))
+            };
+            let dir = std::path::absolute(dir).map_err(|e| fail("resolving path", &e))?;
+            std::fs::create_dir_all(&dir).map_err(|e| fail("creating directory", &e))?;
+            let upper = dir.join("upper");
+            match std::fs::create_dir(&upper) {
+                Ok(()) => {
+                    let attrs = root_attrs(erofs)
+                        .map_err(|f| MountError::step(Action::PrepareUpperDir, &dir, f))?;
+                    let set = || {
+                        chmodat(CWD, &upper, attrs.mode, AtFlags::empty())?;
+                        chownat(
+                            CWD,
+                            &upper,
+                            Some(attrs.uid),
+                            Some(attrs.gid),
+                            AtFlags::empty(),
+                        )
+                    };
+                    set().map_err(|errno| {
+                        MountError::step(
+                            Action::PrepareUpperDir,
+                            &dir,
+                            StepFailure::new("chmod/chown upper", errno),
+                        )
+                    })?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(fail("creating upper", &e)),
+            }
+            let work = dir.join("work");
+            match std::fs::create_dir(&work) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(fail("creating work", &e)),
+            }
+            let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev());
+            let upper_dev = dev(&upper).map_err(|e| fail("stat upper", &e))?;
+            let work_dev = dev(&work).map_err(|e| fail("stat work", &e))?;
+            if upper_dev != work_dev {
+                return Err(MountError::Invalid {
+                    action: Action::PrepareUpperDir,
+                    path: dir,
+                    reason: "upper/ and work/ are on different filesystems".into(),
+                });
+            }
+            Ok(Upper::Dir(dir))
+        }
+    }
+}
+
+fn mount_overlay(
+    opts: &MountOptions<'_>,
+    image: &Path,
+    erofs: &OwnedFd,
+    objects: &OwnedFd,
+    upper: &Upper,
+    append: bool,
+) -> Result<OwnedFd, MountError> {
+    let fail = |f| MountError::step(Action::MountOverlay, opts.target, f);
+    let run = || {
+        let ctx = FsContext::open("overlay")?;
+        ctx.set_string("source", image)?;
+        let meta = fd_path(erofs.as_fd());
+        let data = fd_path(objects.as_fd());
+        if append {
+            ctx.set_string("lowerdir+", &meta)?;
+            ctx.set_string("datadir+", &data)?;
+        } else {
+            ctx.set_string("lowerdir", format!("{meta}::{data}"))?;
+        }
+        ctx.set_string("redirect_dir", "on")?;
+        ctx.set_string("metacopy", "on")?;
+        if opts.verity == VerityMode::Require {
+            ctx.set_string("verity", "require")?;
+        }
+        let attrs = match upper.dirs() {
+            Some((upperdir, workdir)) => {
+                ctx.set_string("upperdir", upperdir)?;
+                ctx.set_string("workdir", workdir)?;
+                MountAttrFlags::empty()
+            }
+            None => {
+                ctx.set_flag("ro")?;
+                MountAttrFlags::MOUNT_ATTR_RDONLY
+            }
+        };
+        ctx.create_and_mount(attrs)
+    };
+    let fd = run().map_err(fail)?;
+    if !matches!(upper, Upper::None) {
+        let st = fstatvfs(&fd).map_err(|errno| fail(StepFailure::new("fstatvfs", errno)))?;
+        if st.f_flag.contains(StatVfsMountFlags::RDONLY) {
+            return Err(MountError::Invalid {
+                action: Action::MountOverlay,
+                path: opts.target.to_path_buf(),
+                reason: "overlayfs fell back to read-only: it could not use the upper layer \
+                         (the kernel log, dmesg, says why)"
+                    .into(),
+            });
+        }
+    }
+    Ok(fd)
+}

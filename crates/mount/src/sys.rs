@@ -1,0 +1,231 @@
+//! The crate's only `unsafe` code: the few system calls rustix does not wrap.
+//!
+//! - `mount_setattr(2)` with `MOUNT_ATTR_IDMAP` (rustix 1.x lists it as not
+//!   implemented);
+//! - `fork(2)` for the user-namespace holder process (see [`UserNsHolder`]);
+//! - the `FS_IOC_MEASURE_VERITY` ioctl, used only to ask whether the kernel
+//!   has fs-verity at all.
+//!
+//! Everything here is a thin, checked wrapper returning [`Errno`]; policy
+//! (which mount to idmap, what a failure means) lives in the callers. This
+//! module must never grow logic that could be written safely elsewhere.
+#![allow(unsafe_code)]
+
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+
+use rustix::io::Errno;
+use rustix::pipe::{pipe_with, PipeFlags};
+use rustix::process::{kill_process, waitpid, Pid, Signal, WaitOptions};
+
+/// `MOUNT_ATTR_IDMAP` from `<linux/mount.h>`.
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// `FS_IOC_MEASURE_VERITY` = `_IOWR('f', 134, struct fsverity_digest)`, where
+/// the struct header is 4 bytes (`u16 digest_algorithm, u16 digest_size`).
+const FS_IOC_MEASURE_VERITY: libc::c_ulong = 0xC004_6686;
+
+/// `struct mount_attr` from `<linux/mount.h>` (`MOUNT_ATTR_SIZE_VER0`, 32 bytes).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+const _: () = assert!(std::mem::size_of::<MountAttr>() == 32);
+
+fn last_errno() -> Errno {
+    Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO)
+}
+
+/// `mount_setattr(mount, "", AT_EMPTY_PATH, {attr_set: MOUNT_ATTR_IDMAP,
+/// userns_fd: userns})`: make the detached mount `mount` show ids through the
+/// mapping of the user namespace `userns`.
+pub(crate) fn mount_setattr_idmap(
+    mount: BorrowedFd<'_>,
+    userns: BorrowedFd<'_>,
+) -> Result<(), Errno> {
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        // The kernel reads this as a file descriptor number; a valid fd is
+        // never negative, so the widening is lossless.
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    // SAFETY: both fds are borrowed, hence open for the whole call; the path
+    // is a NUL-terminated static string; `attr` is a live, properly laid out
+    // `struct mount_attr` and we pass its exact size; the kernel only reads
+    // from both pointers.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
+/// Ask the filesystem of `fd` to measure its fs-verity digest with a buffer
+/// too small for any digest. The answer tells whether the kernel has
+/// fs-verity: `ENODATA` (no verity on this file), `EOVERFLOW` (verity on,
+/// buffer too small) or success mean yes; `EOPNOTSUPP` means the kernel (or
+/// this filesystem) lacks it; `ENOTTY` means the filesystem has no verity
+/// ioctls at all.
+pub(crate) fn measure_verity(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    // struct fsverity_digest { u16 digest_algorithm; u16 digest_size; u8 digest[]; }
+    // with digest_size = 0: the kernel writes back at most the 4-byte header.
+    let mut header = [0u16; 2];
+    // SAFETY: the fd is borrowed and open; `header` is a writable 4-byte
+    // buffer that outlives the call and matches the size encoded in the
+    // ioctl number; with digest_size 0 the kernel writes nothing beyond it.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_MEASURE_VERITY, header.as_mut_ptr()) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
+/// A child process that has entered a fresh user namespace and waits there,
+/// so that the parent can write its `uid_map`/`gid_map` and open
+/// `/proc/PID/ns/user`. The child is killed and reaped on drop.
+///
+/// The child dies on its own when this process dies (it is blocked reading a
+/// pipe whose only write end the parent holds, and it has
+/// `PR_SET_PDEATHSIG(SIGKILL)`), so a killed mounter leaves no holder behind.
+pub(crate) struct UserNsHolder {
+    pid: Pid,
+    /// Closing this lets the child's blocking read return, ending it.
+    _release: OwnedFd,
+}
+
+impl UserNsHolder {
+    /// Fork a child that unshares `CLONE_NEWUSER`, closes every other file
+    /// descriptor and waits.
+    ///
+    /// Forking a multi-threaded process is sound only if the child sticks to
+    /// async-signal-safe calls; it does: it runs raw system calls on values
+    /// prepared before the fork and never returns into Rust code.
+    pub(crate) fn spawn() -> Result<Self, Errno> {
+        let (ready_r, ready_w) = pipe_with(PipeFlags::CLOEXEC)?;
+        let (hold_r, hold_w) = pipe_with(PipeFlags::CLOEXEC)?;
+        let parent = rustix::process::getpid().as_raw_pid();
+        let ready_w_raw = ready_w.as_raw_fd();
+        let hold_r_raw = hold_r.as_raw_fd();
+
+        // SAFETY: after fork the child runs only `holder_child`, which makes
+        // async-signal-safe system calls on integers computed before the fork,
+        // takes no locks, does not allocate and ends in `_exit`; it never
+        // returns into Rust code or runs destructors. The parent continues
+        // normally.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(last_errno());
+        }
+        if pid == 0 {
+            holder_child(parent, ready_w_raw, hold_r_raw);
+        }
+        drop(ready_w);
+        drop(hold_r);
+        let pid = Pid::from_raw(pid).ok_or(Errno::CHILD)?;
+        // From here on the holder is reaped by Drop, whatever happens below.
+        let holder = UserNsHolder {
+            pid,
+            _release: hold_w,
+        };
+
+        let mut status = [0u8; 4];
+        let mut got = 0;
+        while got < status.len() {
+            match rustix::io::read(&ready_r, &mut status[got..]) {
+                Ok(0) => return Err(Errno::CHILD),
+                Ok(n) => got += n,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        match i32::from_ne_bytes(status) {
+            0 => Ok(holder),
+            raw => Err(Errno::from_raw_os_error(raw)),
+        }
+    }
+
+    pub(crate) fn pid(&self) -> Pid {
+        self.pid
+    }
+}
+
+impl Drop for UserNsHolder {
+    fn drop(&mut self) {
+        // Errors are ignored: the child may already be gone, and a caller
+        // that set SIGCHLD to SIG_IGN has its children reaped for it.
+        let _ = kill_process(self.pid, Signal::KILL);
+        while let Err(Errno::INTR) = waitpid(Some(self.pid), WaitOptions::empty()) {}
+    }
+}
+
+/// The body of the forked holder. Only async-signal-safe system calls.
+fn holder_child(parent: libc::pid_t, ready: libc::c_int, hold: libc::c_int) -> ! {
+    // SAFETY: every call below is a plain system call wrapper that is
+    // async-signal-safe; all pointers point into this stack frame and are
+    // valid for the sizes passed.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+        if libc::getppid() != parent {
+            libc::_exit(1);
+        }
+        let err: libc::c_int = if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+            0
+        } else {
+            *libc::__errno_location()
+        };
+        // Keep nothing of the parent alive (its detached mounts above all):
+        // close every descriptor except the two pipe ends. close_range is
+        // Linux ≥ 5.9; where it is missing the fds close when we are killed.
+        let (lo, hi) = if ready < hold {
+            (ready, hold)
+        } else {
+            (hold, ready)
+        };
+        let close = |first: libc::c_int, last: libc::c_uint| {
+            libc::syscall(
+                libc::SYS_close_range,
+                first as libc::c_uint,
+                last,
+                0 as libc::c_uint,
+            );
+        };
+        if lo > 0 {
+            close(0, (lo - 1) as libc::c_uint);
+        }
+        if hi > lo + 1 {
+            close(lo + 1, (hi - 1) as libc::c_uint);
+        }
+        close(hi + 1, libc::c_uint::MAX);
+
+        let bytes = err.to_ne_bytes();
+        libc::write(ready, bytes.as_ptr().cast(), bytes.len());
+        libc::close(ready);
+        if err != 0 {
+            libc::_exit(1);
+        }
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(hold, (&mut byte as *mut u8).cast(), 1);
+            if n < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            break;
+        }
+        libc::_exit(0);
+    }
+}
