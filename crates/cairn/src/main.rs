@@ -1,1 +1,275 @@
-fn main() {}
+//! The `cairn` command: turn directory trees and composefs dumpfiles into
+//! EROFS metadata images over a content-addressed store, read them back, and
+//! mount them as root filesystems.
+//!
+//! This file only parses arguments, sets up logging and prints results; the
+//! work is done by the library crates.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+
+mod mkfs;
+
+/// cairn turns container images into root filesystems that mount in milliseconds.
+#[derive(Parser, Debug)]
+#[command(name = "cairn", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Debug, Clone)]
+struct Global {
+    /// The store: objects, images and refs live below this directory.
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_ROOT",
+        default_value = "/var/lib/cairn"
+    )]
+    root: PathBuf,
+    /// Print results as JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    /// More log output (repeat for more).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Only errors.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Write a composefs EROFS metadata image from a directory or a dumpfile.
+    Mkfs(mkfs::MkfsArgs),
+    /// Print an image as a composefs dumpfile.
+    Dump {
+        /// The EROFS image file.
+        image: PathBuf,
+    },
+    /// Mount an image: EROFS metadata over the store's objects, via overlayfs.
+    Mount(MountArgs),
+    /// Unmount what `cairn mount` mounted.
+    Umount {
+        /// The mount point.
+        mountpoint: PathBuf,
+        /// Detach now, clean up when no longer busy.
+        #[arg(long)]
+        lazy: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct MountArgs {
+    /// The EROFS image file.
+    image: PathBuf,
+    /// Where to mount it.
+    mountpoint: PathBuf,
+    /// Writable layer: none (read-only), tmpfs[:SIZE] (e.g. tmpfs:512M), or a host directory.
+    #[arg(long, default_value = "none", value_parser = parse_upper)]
+    upper: cairn_mount::UpperSpec,
+    /// Idmap the mount for a user namespace: container ids 0..COUNT map to host UID.., GID.. .
+    #[arg(long, value_name = "UID:GID:COUNT", value_parser = parse_idmap)]
+    idmap: Option<cairn_mount::IdMap>,
+    /// Require kernel fs-verity checks of every object read (fails where the kernel lacks fs-verity).
+    #[arg(long)]
+    require_verity: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("invalid size '{s}' (expected e.g. 512M, 2G)"))
+}
+
+fn parse_upper(s: &str) -> Result<cairn_mount::UpperSpec, String> {
+    use cairn_mount::UpperSpec;
+    Ok(match s {
+        "none" => UpperSpec::None,
+        "tmpfs" => UpperSpec::Tmpfs { size: None },
+        _ if s.starts_with("tmpfs:") => UpperSpec::Tmpfs {
+            size: Some(parse_size(&s["tmpfs:".len()..])?),
+        },
+        "" => return Err("empty upper".into()),
+        _ => UpperSpec::Dir(PathBuf::from(s)),
+    })
+}
+
+fn parse_idmap(s: &str) -> Result<cairn_mount::IdMap, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let [uid, gid, count] = parts[..] else {
+        return Err(format!("invalid idmap '{s}': expected UID:GID:COUNT"));
+    };
+    let num = |v: &str, what: &str| {
+        v.parse::<u32>()
+            .map_err(|_| format!("invalid {what} '{v}' in idmap '{s}'"))
+    };
+    let map = cairn_mount::IdMap {
+        uid: num(uid, "uid")?,
+        gid: num(gid, "gid")?,
+        count: num(count, "count")?,
+    };
+    if map.count == 0 {
+        return Err(format!("invalid idmap '{s}': count must be at least 1"));
+    }
+    if map.uid.checked_add(map.count).is_none() || map.gid.checked_add(map.count).is_none() {
+        return Err(format!("invalid idmap '{s}': range overflows 32 bits"));
+    }
+    Ok(map)
+}
+
+fn init_logging(g: &Global) {
+    let level = if g.quiet {
+        "error"
+    } else {
+        match g.verbose {
+            0 => "warn",
+            1 => "info",
+            2 => "debug",
+            _ => "trace",
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .init();
+}
+
+/// Prints `value` as JSON or through `human`.
+pub(crate) fn output<T: Serialize>(
+    g: &Global,
+    value: &T,
+    human: impl FnOnce(&T) -> String,
+) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if g.json {
+        serde_json::to_writer_pretty(&mut out, value)?;
+        writeln!(out)?;
+    } else if !g.quiet {
+        let text = human(value);
+        if !text.is_empty() {
+            writeln!(out, "{text}")?;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.global);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cairn: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let g = &cli.global;
+    match cli.command {
+        Command::Mkfs(args) => mkfs::run(g, &args),
+        Command::Dump { image } => dump(&image),
+        Command::Mount(args) => mount(g, &args),
+        Command::Umount { mountpoint, lazy } => {
+            cairn_mount::umount_with(&mountpoint, cairn_mount::UmountOptions { lazy })
+                .with_context(|| format!("unmounting {}", mountpoint.display()))
+        }
+    }
+}
+
+fn read_image_file(path: &Path) -> Result<Vec<u8>> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("opening image {}", path.display()))?;
+    if !meta.is_file() {
+        bail!("image {} is not a regular file", path.display());
+    }
+    std::fs::read(path).with_context(|| format!("reading image {}", path.display()))
+}
+
+fn dump(image: &Path) -> Result<()> {
+    let data = read_image_file(image)?;
+    let tree = cairn_erofs::reader::read_image(&data)
+        .with_context(|| format!("reading image {}", image.display()))?;
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    cairn_erofs::dump::print_dump(&tree, &mut out)
+        .and_then(|()| out.flush())
+        .context("writing the dump to stdout")?;
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct MountReport {
+    image: PathBuf,
+    mountpoint: PathBuf,
+    objects: PathBuf,
+    upper: String,
+    idmap: Option<String>,
+}
+
+fn mount(g: &Global, args: &MountArgs) -> Result<()> {
+    let store = cairn_store::Store::open(&g.root)
+        .with_context(|| format!("opening the store at {}", g.root.display()))?;
+    let image = args
+        .image
+        .canonicalize()
+        .with_context(|| format!("image {}", args.image.display()))?;
+    // Fail early, with the reader's message, on a file that is not an image.
+    let head = read_image_file(&image)?;
+    cairn_erofs::reader::read_header(&head)
+        .with_context(|| format!("image {}", image.display()))?;
+    drop(head);
+    let objects = store.objects_dir();
+    let opts = cairn_mount::MountOptions {
+        image: &image,
+        objects: &objects,
+        target: &args.mountpoint,
+        upper: args.upper.clone(),
+        idmap: args.idmap,
+        verity: if args.require_verity {
+            cairn_mount::VerityMode::Require
+        } else {
+            cairn_mount::VerityMode::Off
+        },
+    };
+    cairn_mount::mount_image(&opts).with_context(|| {
+        format!(
+            "mounting {} on {}",
+            image.display(),
+            args.mountpoint.display()
+        )
+    })?;
+    let report = MountReport {
+        image,
+        mountpoint: args.mountpoint.clone(),
+        objects,
+        upper: format!("{:?}", args.upper),
+        idmap: args
+            .idmap
+            .map(|m| format!("{}:{}:{}", m.uid, m.gid, m.count)),
+    };
+    output(g, &report, |_| String::new())
+}

@@ -436,6 +436,11 @@ fn mount_overlay(
             Some((upperdir, workdir)) => {
                 ctx.set_string("upperdir", upperdir)?;
                 ctx.set_string("workdir", workdir)?;
+                // index=on makes overlayfs track hardlinks of lower files
+                // across copy-up and unlink, so link counts behave as on a
+                // normal filesystem; it also ties a host-directory upper to
+                // the image it was first used with.
+                ctx.set_string("index", "on")?;
                 MountAttrFlags::empty()
             }
             None => {
