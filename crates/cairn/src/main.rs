@@ -57,6 +57,8 @@ enum Command {
     },
     /// Mount an image: EROFS metadata over the store's objects, via overlayfs.
     Mount(MountArgs),
+    /// Show which kernel features cairn uses are present on this machine.
+    Probe,
     /// Unmount what `cairn mount` mounted.
     Umount {
         /// The mount point.
@@ -193,12 +195,32 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Mkfs(args) => mkfs::run(g, &args),
         Command::Dump { image } => dump(&image),
+        Command::Probe => probe(g),
         Command::Mount(args) => mount(g, &args),
         Command::Umount { mountpoint, lazy } => {
             cairn_mount::umount_with(&mountpoint, cairn_mount::UmountOptions { lazy })
                 .with_context(|| format!("unmounting {}", mountpoint.display()))
         }
     }
+}
+
+fn probe(g: &Global) -> Result<()> {
+    let features = cairn_mount::probe();
+    #[derive(Serialize)]
+    struct Row {
+        feature: String,
+        present: bool,
+        detail: String,
+    }
+    let rows: Vec<Row> = cairn_mount::Feature::ALL
+        .iter()
+        .map(|&f| Row {
+            feature: f.description().to_string(),
+            present: features.has(f),
+            detail: format!("{:?}", features.support(f)),
+        })
+        .collect();
+    output(g, &rows, |_| features.to_string())
 }
 
 fn read_image_file(path: &Path) -> Result<Vec<u8>> {
