@@ -166,8 +166,33 @@ pub fn prepare_image_with_legacy_lowerdir(
 }
 
 fn prepare(opts: &MountOptions<'_>, force_legacy: bool) -> Result<PreparedMount, MountError> {
+    if !force_legacy && opts.verity == VerityMode::Off {
+        // Fast path: assume the kernel has everything (probing costs more
+        // than the mount itself); probe only to explain a failure or to
+        // choose the older overlay syntax.
+        match prepare_with(opts, true) {
+            Ok(m) => return Ok(m),
+            Err(first) => {
+                let features = probe();
+                features.require(&opts.required_features())?;
+                if features.has(Feature::OverlayLayerAppend) {
+                    return Err(first);
+                }
+                return prepare_with(opts, false);
+            }
+        }
+    }
     let features = probe();
     features.require(&opts.required_features())?;
+    prepare_with(
+        opts,
+        features.has(Feature::OverlayLayerAppend) && !force_legacy,
+    )
+}
+
+/// Builds the stack; `append` chooses `lowerdir+`/`datadir+` over the older
+/// `lowerdir=META::OBJECTS` syntax.
+fn prepare_with(opts: &MountOptions<'_>, append: bool) -> Result<PreparedMount, MountError> {
 
     let invalid = |action, path: &Path, reason: String| MountError::Invalid {
         action,
@@ -214,7 +239,7 @@ fn prepare(opts: &MountOptions<'_>, force_legacy: bool) -> Result<PreparedMount,
             return Err(MissingFeature {
                 feature: Feature::FsVerity,
                 support,
-                release: features.release().to_string(),
+                release: probe().release().to_string(),
             }
             .into());
         }
@@ -226,7 +251,7 @@ fn prepare(opts: &MountOptions<'_>, force_legacy: bool) -> Result<PreparedMount,
         &erofs,
         &objects,
         &upper,
-        features.has(Feature::OverlayLayerAppend) && !force_legacy,
+        append,
     )?;
     tracing::debug!(image = %image.display(), "prepared overlay stack");
     Ok(PreparedMount { overlay })
