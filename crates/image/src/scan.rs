@@ -21,7 +21,7 @@ use cairn_erofs::tree::{
     MAX_INLINE_CONTENT, ROOT,
 };
 use cairn_erofs::Inode;
-use cairn_store::{fsverity_digest, ObjectId, Store};
+use cairn_store::{fsverity_digest, ObjectBatch, ObjectId, Store};
 
 /// Why a directory could not be turned into a tree.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +58,9 @@ pub struct ScanOptions<'s> {
     pub inline_threshold: u64,
     /// Leave extended attributes out.
     pub skip_xattrs: bool,
-    /// Hashing threads (0 = one per core).
+    /// Hashing threads (0 = four per core: a cold tree is read faster with
+    /// several reads in flight; measured 6.6 s with 2, 2.9 s with 8 on the
+    /// Linux tree, 2 cores).
     pub threads: usize,
 }
 
@@ -228,7 +230,7 @@ impl Scanner<'_, '_> {
             return Ok(());
         }
         let threads = match self.opts.threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            0 => 4 * std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         }
         .min(pending.len());
@@ -236,7 +238,9 @@ impl Scanner<'_, '_> {
         let results: Mutex<Vec<(InodeId, ObjectId)>> =
             Mutex::new(Vec::with_capacity(pending.len()));
         let first_error: Mutex<Option<ScanError>> = Mutex::new(None);
-        let store = self.opts.store;
+        // One sync for all the objects, not one per file.
+        let batch = self.opts.store.map(|s| s.object_batch());
+        let batch_ref = batch.as_ref();
         std::thread::scope(|s| {
             for _ in 0..threads {
                 s.spawn(|| loop {
@@ -247,7 +251,7 @@ impl Scanner<'_, '_> {
                     if first_error.lock().map(|e| e.is_some()).unwrap_or(true) {
                         break;
                     }
-                    match digest_file(path, store) {
+                    match digest_file(path, batch_ref) {
                         Ok(oid) => results.lock().expect("results lock").push((*id, oid)),
                         Err(e) => {
                             let mut slot = first_error.lock().expect("error lock");
@@ -263,6 +267,12 @@ impl Scanner<'_, '_> {
         if let Some(e) = first_error.into_inner().expect("error lock") {
             return Err(e);
         }
+        if let (Some(batch), Some(store)) = (batch, self.opts.store) {
+            batch.commit().map_err(|source| ScanError::Store {
+                path: store.objects_dir(),
+                source,
+            })?;
+        }
         for (id, oid) in results.into_inner().expect("results lock") {
             self.set_regular(
                 id,
@@ -277,10 +287,10 @@ impl Scanner<'_, '_> {
     }
 }
 
-fn digest_file(path: &Path, store: Option<&Store>) -> Result<ObjectId, ScanError> {
+fn digest_file(path: &Path, batch: Option<&ObjectBatch<'_>>) -> Result<ObjectId, ScanError> {
     let file = File::open(path).map_err(io_err(path))?;
-    match store {
-        Some(store) => store.import_file(&file).map_err(|source| ScanError::Store {
+    match batch {
+        Some(batch) => batch.import_file(&file).map_err(|source| ScanError::Store {
             path: path.to_path_buf(),
             source,
         }),

@@ -67,7 +67,7 @@ pub use error::StoreError;
 pub use image::{is_image_digest, ImageWriter, Images};
 pub use kernel::VeritySupport;
 pub use lock::{LockKind, StoreLock};
-pub use object::Objects;
+pub use object::{ObjectBatch, Objects};
 pub use refs::{validate_ref_name, MAX_REF_NAME};
 pub use verity::{fsverity_digest, FsVerityHasher, ObjectId};
 

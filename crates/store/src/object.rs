@@ -98,16 +98,63 @@ impl Store {
     /// this runs is an error ([`StoreError::SourceChanged`]), never a
     /// mislabelled object. Non-regular files (pipes) are streamed.
     pub fn import_file(&self, src: &File) -> Result<ObjectId, StoreError> {
-        // Naming the source costs a readlink: only on failure.
+        let meta = src.metadata().map_err(|error| StoreError::Source {
+            op: "reading",
+            what: describe_fd(src),
+            error,
+        })?;
+        if !meta.is_file() {
+            return self.import_reader(src).map(|(id, _)| id);
+        }
+        let (id, size, before) = self.hash_file(src)?;
+        if self.has_object(&id) {
+            return Ok(id);
+        }
+        let tmp = self.stage_copy(src, &before, size)?;
+        self.publish_object(tmp, &id)?;
+        Ok(id)
+    }
+
+    /// Copies `src` (already hashed to `id`, `size` bytes) into staging and
+    /// checks it did not change meanwhile.
+    fn stage_copy(
+        &self,
+        src: &File,
+        before: &fs::Metadata,
+        size: u64,
+    ) -> Result<TmpFile, StoreError> {
+        let src_err = |error| StoreError::Source {
+            op: "reading",
+            what: describe_fd(src),
+            error,
+        };
+        let changed = || StoreError::SourceChanged {
+            what: describe_fd(src),
+            root: self.root.clone(),
+        };
+        let tmp = self.staging()?.tmp_file("o")?;
+        match copy_contents(src, tmp.file(), size) {
+            Ok(()) => {}
+            Err(CopyError::Short) => return Err(changed()),
+            Err(CopyError::Read(e)) => return Err(src_err(e)),
+            Err(CopyError::Write(e)) => return Err(tmp.err("writing object", e)),
+        }
+        let after = src.metadata().map_err(src_err)?;
+        if !same_version(before, &after) {
+            return Err(changed());
+        }
+        Ok(tmp)
+    }
+
+    /// Hashes a regular file from offset 0; returns its digest, size and the
+    /// metadata seen before reading (to detect changes while copying).
+    fn hash_file(&self, src: &File) -> Result<(ObjectId, u64, fs::Metadata), StoreError> {
         let src_err = |error| StoreError::Source {
             op: "reading",
             what: describe_fd(src),
             error,
         };
         let before = src.metadata().map_err(src_err)?;
-        if !before.is_file() {
-            return self.import_reader(src).map(|(id, _)| id);
-        }
         let mut hasher = FsVerityHasher::new();
         let mut buf = vec![0u8; CHUNK];
         loop {
@@ -120,30 +167,23 @@ impl Store {
             hasher.update(&buf[..n]);
         }
         let size = hasher.len();
-        let id = hasher.finalize();
-        let changed = || StoreError::SourceChanged {
-            what: describe_fd(src),
-            root: self.root.clone(),
-        };
         if size != before.len() {
-            return Err(changed());
+            return Err(StoreError::SourceChanged {
+                what: describe_fd(src),
+                root: self.root.clone(),
+            });
         }
-        if self.has_object(&id) {
-            return Ok(id);
+        Ok((hasher.finalize(), size, before))
+    }
+
+    /// Starts a batch of imports that become visible together at
+    /// [`ObjectBatch::commit`], with one filesystem sync for the whole batch
+    /// instead of one per object (importing a tree of 80k files).
+    pub fn object_batch(&self) -> ObjectBatch<'_> {
+        ObjectBatch {
+            store: self,
+            staged: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
-        let tmp = self.staging()?.tmp_file("o")?;
-        match copy_contents(src, tmp.file(), size) {
-            Ok(()) => {}
-            Err(CopyError::Short) => return Err(changed()),
-            Err(CopyError::Read(e)) => return Err(src_err(e)),
-            Err(CopyError::Write(e)) => return Err(tmp.err("writing object", e)),
-        }
-        let after = src.metadata().map_err(src_err)?;
-        if !same_version(&before, &after) {
-            return Err(changed());
-        }
-        self.publish_object(tmp, &id)?;
-        Ok(id)
     }
 
     /// Makes a fully written staged file the object `id`.
@@ -156,6 +196,12 @@ impl Store {
             .map_err(|e| tmp.err("syncing object", e))?;
         // fs-verity wants no writable descriptor open.
         tmp.close();
+        self.persist_object(tmp, id, true)
+    }
+
+    /// Seals (where the kernel can) and renames a closed, durable staged file
+    /// into place; `sync_fanout` makes the new name durable at once.
+    fn persist_object(&self, tmp: TmpFile, id: &ObjectId, sync_fanout: bool) -> Result<(), StoreError> {
         if self.verity_supported() {
             kernel::enable_on_path(tmp.path()).map_err(|error| StoreError::Verity {
                 path: tmp
@@ -172,7 +218,7 @@ impl Store {
             .parent()
             .expect("object paths have a fan-out directory");
         self.ensure_fanout_dir(fanout)?;
-        if tmp.persist(&dest, false)? == Persisted::Created {
+        if tmp.persist(&dest, false)? == Persisted::Created && sync_fanout {
             sync_dir(fanout, &self.root)?;
         }
         Ok(())
@@ -349,4 +395,90 @@ fn copy_by_reading(src: &File, dst: &File, mut off: u64, len: u64) -> Result<(),
         off += n as u64;
     }
     Ok(())
+}
+
+/// Imports that become visible together (see [`Store::object_batch`]).
+///
+/// Each import is hashed and copied into staging at once, but nothing is
+/// synced or renamed until [`commit`](Self::commit): then one `syncfs(2)`
+/// makes every staged file durable, each is renamed into `objects/`, and
+/// each touched fan-out directory is synced once. An object is thus still
+/// complete before its name appears. Dropping the batch without committing
+/// removes what it staged. Safe to use from several threads.
+pub struct ObjectBatch<'s> {
+    store: &'s Store,
+    staged: std::sync::Mutex<std::collections::HashMap<ObjectId, TmpFile>>,
+}
+
+impl ObjectBatch<'_> {
+    /// Like [`Store::import_file`], but published at [`commit`](Self::commit).
+    pub fn import_file(&self, src: &File) -> Result<ObjectId, StoreError> {
+        let meta = src.metadata().map_err(|error| StoreError::Source {
+            op: "reading",
+            what: describe_fd(src),
+            error,
+        })?;
+        if !meta.is_file() {
+            return self.store.import_reader(src).map(|(id, _)| id);
+        }
+        let (id, size, before) = self.store.hash_file(src)?;
+        if self.store.has_object(&id) || self.is_staged(&id) {
+            return Ok(id);
+        }
+        let mut tmp = self.store.stage_copy(src, &before, size)?;
+        tmp.file()
+            .set_permissions(fs::Permissions::from_mode(0o644))
+            .map_err(|e| tmp.err("setting mode of object", e))?;
+        // Close now: a batch may stage more files than a process may hold open.
+        tmp.close();
+        self.staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_insert(tmp);
+        Ok(id)
+    }
+
+    fn is_staged(&self, id: &ObjectId) -> bool {
+        self.staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(id)
+    }
+
+    /// Number of objects waiting for [`commit`](Self::commit).
+    pub fn len(&self) -> usize {
+        self.staged.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Syncs everything staged, then publishes it. Returns how many objects
+    /// were new.
+    pub fn commit(self) -> Result<usize, StoreError> {
+        let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
+        if staged.is_empty() {
+            return Ok(0);
+        }
+        let store = self.store;
+        let staging = store.staging()?;
+        let dir = File::open(staging.path())
+            .map_err(|e| StoreError::io("opening", staging.path(), &store.root, e))?;
+        rustix::fs::syncfs(&dir)
+            .map_err(|e| StoreError::io("syncing", staging.path(), &store.root, e.into()))?;
+        let mut fanouts = std::collections::BTreeSet::new();
+        let n = staged.len();
+        for (id, tmp) in staged {
+            store.persist_object(tmp, &id, false)?;
+            if let Some(parent) = store.object_path(&id).parent() {
+                fanouts.insert(parent.to_path_buf());
+            }
+        }
+        for dir in fanouts {
+            sync_dir(&dir, &store.root)?;
+        }
+        Ok(n)
+    }
 }

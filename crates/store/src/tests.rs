@@ -525,3 +525,40 @@ fn cleaning_races_with_writers() {
     assert_eq!(all_objects(&store).len(), 90);
     assert!(tmp_files(&store).is_empty());
 }
+
+#[test]
+fn batch_publishes_only_at_commit_and_dedups() {
+    let (dir, store) = new_store();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    let c = dir.path().join("c");
+    fs::write(&a, data(100_000)).unwrap();
+    fs::write(&b, data(100_000)).unwrap(); // same content as a
+    fs::write(&c, data(5000)).unwrap();
+    let batch = store.object_batch();
+    let ia = batch.import_file(&File::open(&a).unwrap()).unwrap();
+    let ib = batch.import_file(&File::open(&b).unwrap()).unwrap();
+    let ic = batch.import_file(&File::open(&c).unwrap()).unwrap();
+    assert_eq!(ia, ib);
+    assert_eq!(batch.len(), 2, "identical content is staged once");
+    assert!(all_objects(&store).is_empty(), "nothing is visible before commit");
+    assert_eq!(batch.commit().unwrap(), 2);
+    assert_eq!(all_objects(&store).len(), 2);
+    assert_eq!(fs::read(store.object_path(&ic)).unwrap(), data(5000));
+    assert_eq!(fs::metadata(store.object_path(&ia)).unwrap().mode() & 0o777, 0o644);
+    assert!(tmp_files(&store).is_empty(), "{:?}", tmp_files(&store));
+}
+
+#[test]
+fn dropped_batch_leaves_nothing() {
+    let (dir, store) = new_store();
+    let a = dir.path().join("a");
+    fs::write(&a, data(70_000)).unwrap();
+    {
+        let batch = store.object_batch();
+        batch.import_file(&File::open(&a).unwrap()).unwrap();
+        assert_eq!(tmp_files(&store).len(), 1);
+    }
+    assert!(all_objects(&store).is_empty());
+    assert!(tmp_files(&store).is_empty(), "{:?}", tmp_files(&store));
+}
