@@ -193,7 +193,6 @@ fn prepare(opts: &MountOptions<'_>, force_legacy: bool) -> Result<PreparedMount,
 /// Builds the stack; `append` chooses `lowerdir+`/`datadir+` over the older
 /// `lowerdir=META::OBJECTS` syntax.
 fn prepare_with(opts: &MountOptions<'_>, append: bool) -> Result<PreparedMount, MountError> {
-
     let invalid = |action, path: &Path, reason: String| MountError::Invalid {
         action,
         path: path.to_path_buf(),
@@ -245,14 +244,7 @@ fn prepare_with(opts: &MountOptions<'_>, append: bool) -> Result<PreparedMount, 
         }
     }
     let upper = prepare_upper(opts, &erofs)?;
-    let overlay = mount_overlay(
-        opts,
-        &image,
-        &erofs,
-        &objects,
-        &upper,
-        append,
-    )?;
+    let overlay = mount_overlay(opts, &image, &erofs, &objects, &upper, append)?;
     tracing::debug!(image = %image.display(), "prepared overlay stack");
     Ok(PreparedMount { overlay })
     // erofs, objects and the tmpfs upper close here; the overlay holds clones.

@@ -54,6 +54,33 @@ pub enum StoreError {
     },
     #[error("image {digest} is not in the store at {}", root.display())]
     ImageNotFound { digest: String, root: PathBuf },
+    /// What the user named is neither a ref, nor an image digest or digest
+    /// prefix in the store, nor an image file.
+    #[error("no image {name:?} in the store at {}: not a name, an image digest (or a prefix of at least 12 digits) or an image file", root.display())]
+    NoSuchImage { name: String, root: PathBuf },
+    /// A digest prefix that more than one image starts with.
+    #[error("image digest prefix {prefix:?} is ambiguous: it matches {}", candidates.join(", "))]
+    AmbiguousImagePrefix {
+        prefix: String,
+        candidates: Vec<String>,
+    },
+    /// An image in the store that cannot be read as a composefs image.
+    #[error("image {digest} in {}: {reason}", root.display())]
+    CorruptImage {
+        digest: String,
+        root: PathBuf,
+        reason: String,
+    },
+    /// A layer record under `layers/` that cannot be read.
+    #[error("layer record {diff_id} in {}: {reason}", root.display())]
+    CorruptLayer {
+        diff_id: String,
+        root: PathBuf,
+        reason: String,
+    },
+    /// Garbage collection cannot tell what something still in use needs.
+    #[error("not collecting garbage in {}: {reason}", root.display())]
+    GcRefused { root: PathBuf, reason: String },
     /// The kernel has fs-verity for this store but refused to enable it on
     /// an object.
     #[error("enabling fs-verity on {} in {}: {error}", path.display(), root.display())]

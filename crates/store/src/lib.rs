@@ -38,23 +38,43 @@
 //!   and no staged file behind.
 //! - Kernel fs-verity is probed at run time; without it everything works
 //!   and digests are checked in userspace.
+//! - Every writer (import, pull, `mkfs --store`, tag, mount) holds the store
+//!   lock shared for its whole operation, from its first lookup or write to
+//!   the ref or mount that makes its result reachable; [`Store::gc`] holds
+//!   it exclusive, so it never sees a half-built image. Readers lock
+//!   nothing.
+//! - Garbage collection removes only what no ref and no live mount reaches.
+//!   Live mounts are not recorded in the store: they are read from the
+//!   kernel's mount tables (an overlay whose `source` is
+//!   `images/<digest>`), which no crash can leave stale (see `mounts`).
 //!
 //! # Modules
 //!
 //! `verity` computes digests (pure), `object` publishes objects, `image`
 //! images, `refs` refs, `lock` the store lock, `tmp` owns staging, `kernel`
 //! probes and enables fs-verity, `sys` holds the crate's only `unsafe`.
+//! `resolve` turns what a user types into an image, `graph` reads what
+//! keeps what alive, `mounts` finds live mounts, and `gc`, `fsck` and
+//! `usage` walk that graph to collect garbage, check and repair, and
+//! measure.
 
 #![deny(unsafe_code)]
 
 mod error;
+mod fsck;
+mod gc;
+mod graph;
 mod image;
 mod kernel;
 mod lock;
+mod mounts;
 mod object;
+mod record;
 mod refs;
+mod resolve;
 mod sys;
 mod tmp;
+mod usage;
 mod verity;
 
 use std::fs;
@@ -64,11 +84,22 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use error::StoreError;
+pub use fsck::{FsckOptions, FsckReport, Problem, Repair};
+pub use gc::{GcOptions, GcReport, Removed};
+pub use graph::{BadPayload, ImageContents, ObjectUse};
 pub use image::{is_image_digest, ImageWriter, Images};
 pub use kernel::VeritySupport;
 pub use lock::{LockKind, StoreLock};
+pub use mounts::LiveMount;
 pub use object::{ObjectBatch, Objects};
+pub use record::{
+    image_name_for, is_diff_id, ref_name_for, ImageRecord, ImageRecordLayer, LayerRecord,
+    LayerRecordWriter, ObjectStager, StagedObject, LAYER_DUMP_FILE, LAYER_FORMAT,
+    LAYER_RECORD_FILE,
+};
 pub use refs::{validate_ref_name, MAX_REF_NAME};
+pub use resolve::{ImageSource, ResolvedImage, MIN_DIGEST_PREFIX};
+pub use usage::{Category, ImageUsage, StoreUsage};
 pub use verity::{fsverity_digest, FsVerityHasher, ObjectId};
 
 use tmp::Staging;

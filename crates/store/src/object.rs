@@ -201,7 +201,12 @@ impl Store {
 
     /// Seals (where the kernel can) and renames a closed, durable staged file
     /// into place; `sync_fanout` makes the new name durable at once.
-    fn persist_object(&self, tmp: TmpFile, id: &ObjectId, sync_fanout: bool) -> Result<(), StoreError> {
+    fn persist_object(
+        &self,
+        tmp: TmpFile,
+        id: &ObjectId,
+        sync_fanout: bool,
+    ) -> Result<(), StoreError> {
         if self.verity_supported() {
             kernel::enable_on_path(tmp.path()).map_err(|error| StoreError::Verity {
                 path: tmp

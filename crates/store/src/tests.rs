@@ -541,11 +541,17 @@ fn batch_publishes_only_at_commit_and_dedups() {
     let ic = batch.import_file(&File::open(&c).unwrap()).unwrap();
     assert_eq!(ia, ib);
     assert_eq!(batch.len(), 2, "identical content is staged once");
-    assert!(all_objects(&store).is_empty(), "nothing is visible before commit");
+    assert!(
+        all_objects(&store).is_empty(),
+        "nothing is visible before commit"
+    );
     assert_eq!(batch.commit().unwrap(), 2);
     assert_eq!(all_objects(&store).len(), 2);
     assert_eq!(fs::read(store.object_path(&ic)).unwrap(), data(5000));
-    assert_eq!(fs::metadata(store.object_path(&ia)).unwrap().mode() & 0o777, 0o644);
+    assert_eq!(
+        fs::metadata(store.object_path(&ia)).unwrap().mode() & 0o777,
+        0o644
+    );
     assert!(tmp_files(&store).is_empty(), "{:?}", tmp_files(&store));
 }
 

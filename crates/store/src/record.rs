@@ -1,0 +1,695 @@
+//! Records: what the store keeps about imported layers and assembled
+//! images besides their files, how it is published, and how image names
+//! map to ref names.
+//!
+//! # On disk
+//!
+//! ```text
+//! layers/
+//! └── sha256:<64 hex>/        one directory per layer, named by its diff_id
+//!     ├── layer.json          a LayerRecord (JSON): diff_id, blob digest, sizes, counts
+//!     └── dump                the layer's entries as a composefs dumpfile (see below)
+//! images/
+//! ├── <sha256>                the EROFS image (image.rs)
+//! └── <sha256>.json           its ImageRecord (JSON): manifest, config, layers, …
+//! ```
+//!
+//! ## The layer dump
+//!
+//! `dump` is a composefs dumpfile (`cairn_erofs::dump`, strict) of the tree
+//! the layer's tar stream describes, with these conventions for what a
+//! plain filesystem tree cannot say:
+//!
+//! - **Whiteouts** stay what the OCI layer says: an entry `.wh.NAME`, a
+//!   character device 0:0, deletes `NAME` of the layers below. Names
+//!   starting with `.wh.` are reserved by the image spec, so no real entry
+//!   has one.
+//! - **Opaque directories** hold an entry `.wh..wh..opq` (char 0:0): the
+//!   directory hides everything the layers below put in it.
+//! - **Implicit directories** (parents the tar never listed) carry the
+//!   xattr `trusted.cairn.layer.implicit`: they are created 0755 root:root
+//!   when missing below and leave an existing directory's metadata alone.
+//! - **Hardlinks to lower layers** (a tar link entry whose target is not in
+//!   this layer) are regular-file placeholders carrying the xattr
+//!   `trusted.cairn.layer.hardlink=<target path>`; applying the layer links
+//!   the target as the layers below have it.
+//! - Real xattrs named `trusted.cairn.*` are escaped to
+//!   `trusted.cairn.x.*` so they never read as one of those markers.
+//! - Regular files hold inline CONTENT (up to 64 bytes) or name their object
+//!   (`PAYLOAD` `ab/cdef…`, `DIGEST`), exactly as in an image dump.
+//!
+//! The image crate (`cairn_image`) writes and applies dumps; this module
+//! only stores them and lists the objects they name
+//! ([`Store::layer_record_objects`]).
+//!
+//! # Publication
+//!
+//! Layer directories are built in the staging area and renamed into
+//! `layers/` whole (never replacing one that exists: a layer is the same
+//! whoever imported it). The objects a layer names are staged with
+//! [`Store::stage_object`] and published with [`Store::publish_staged`]
+//! *before* the layer directory, and an image record is written only after
+//! its image. A crash leaves only `tmp/` debris.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File};
+use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustix::fs::{renameat_with, RenameFlags, CWD};
+use rustix::io::Errno;
+use serde::{Deserialize, Serialize};
+
+use crate::image::is_image_digest;
+use crate::kernel;
+use crate::object::is_lower_hex;
+use crate::tmp::{sync_dir, Persisted, Staging, TmpFile};
+use crate::verity::{FsVerityHasher, ObjectId};
+use crate::{Store, StoreError};
+
+/// The file in a layer directory that holds its [`LayerRecord`].
+pub const LAYER_RECORD_FILE: &str = "layer.json";
+/// The file in a layer directory that holds its entries as a dumpfile.
+pub const LAYER_DUMP_FILE: &str = "dump";
+/// Version of the layer record format this build writes and reads.
+pub const LAYER_FORMAT: u32 = 1;
+/// Largest record file read back (records are small; a bigger one is corrupt).
+const MAX_RECORD_JSON: u64 = 64 << 20;
+
+/// What `layers/<diff_id>/layer.json` holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerRecord {
+    /// Always [`LAYER_FORMAT`] for records this build writes.
+    pub format: u32,
+    /// `sha256:<hex>` of the uncompressed tar stream.
+    pub diff_id: String,
+    /// `sha256:<hex>` of the blob as it was fetched (compressed), when known.
+    pub blob_digest: Option<String>,
+    /// The media type the blob came with, if any.
+    pub media_type: Option<String>,
+    /// `gzip`, `zstd` or `none`.
+    pub compression: String,
+    /// Bytes of the uncompressed tar stream.
+    pub size: u64,
+    /// Bytes of the blob.
+    pub compressed_size: u64,
+    /// Tar entries (extension headers not counted).
+    pub entries: u64,
+    /// Distinct objects the layer's regular files are stored in.
+    pub objects: u64,
+}
+
+/// One layer of an image, as its [`ImageRecord`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRecordLayer {
+    /// `sha256:<hex>`: the name of the layer under `layers/`.
+    pub diff_id: String,
+    /// The digest the manifest gives the layer blob.
+    pub blob_digest: Option<String>,
+    /// Uncompressed size of the layer's tar stream.
+    pub size: u64,
+}
+
+/// What `images/<digest>.json` holds: where an image came from and how it
+/// was made. Names are not in it: they are refs (`refs/`), several of which
+/// may point at one image.
+///
+/// One record per EROFS image: two imports whose filesystems are byte for
+/// byte the same (e.g. images that differ only in their config) share the
+/// image, and the record is the one imported last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRecord {
+    /// SHA-256 (hex, no prefix) of the EROFS image: its name under `images/`.
+    pub image_digest: String,
+    /// `sha256:<hex>` of the manifest JSON (as given; synthesised for images
+    /// that had none, e.g. from a directory or a docker archive).
+    pub manifest_digest: String,
+    /// `sha256:<hex>` of the config JSON.
+    pub config_digest: String,
+    /// The manifest, exactly as imported.
+    pub manifest: String,
+    /// The image config, exactly as imported.
+    pub config: String,
+    /// The layers in the order they were applied (bottom first).
+    pub layers: Vec<ImageRecordLayer>,
+    /// `created` from the config (RFC 3339), if it has one.
+    pub created: Option<String>,
+    pub architecture: Option<String>,
+    pub os: Option<String>,
+    /// When this store assembled the image (RFC 3339, UTC).
+    pub imported: String,
+    /// Size of the EROFS image file.
+    pub image_size: u64,
+    /// Sum of the sizes of the image's regular files (each inode once).
+    pub content_size: u64,
+    /// Where it came from (`oci-layout:/path:tag`, a registry reference, …),
+    /// when the importer says.
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+/// Whether `s` is a diff_id as layers are named: `sha256:` and 64 lowercase
+/// hex digits.
+pub fn is_diff_id(s: &str) -> bool {
+    s.strip_prefix("sha256:")
+        .is_some_and(|h| h.len() == 64 && is_lower_hex(h))
+}
+
+/// The ref name an image name is stored under. Image names hold `/`
+/// (`registry:5000/library/debian:bookworm`), which ref names cannot: `%`
+/// becomes `%25`, `/` becomes `%2F`, a leading `.` and the second `.` of
+/// `..` become `%2E`, control characters `%XX`. Names that need none of
+/// that are their own ref name. [`image_name_for`] reverses it.
+pub fn ref_name_for(image_name: &str) -> String {
+    let mut out = String::with_capacity(image_name.len());
+    let mut prev_dot = false;
+    for (i, c) in image_name.chars().enumerate() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            '.' if i == 0 || prev_dot => out.push_str("%2E"),
+            c if c.is_control() && (c as u32) < 0x100 => {
+                out.push_str(&format!("%{:02X}", c as u32))
+            }
+            c => out.push(c),
+        }
+        prev_dot = c == '.';
+    }
+    out
+}
+
+/// The image name a ref name stands for (the inverse of [`ref_name_for`]);
+/// `%XX` sequences that are not escapes are kept as they are.
+pub fn image_name_for(ref_name: &str) -> String {
+    let bytes = ref_name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(v) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| ref_name.to_owned())
+}
+
+/// A file content being staged as an object: write it (and skip holes),
+/// then [`finish`](Self::finish). Dropped unfinished, it leaves nothing.
+#[derive(Debug)]
+pub struct ObjectStager {
+    tmp: TmpFile,
+    hasher: FsVerityHasher,
+    /// Bytes of the file so far (data and holes).
+    len: u64,
+    /// Whether the file position is behind `len` (a hole at the end).
+    hole_at_end: bool,
+}
+
+/// A staged object, complete and hashed, not yet visible in `objects/`.
+#[derive(Debug)]
+pub struct StagedObject {
+    id: ObjectId,
+    size: u64,
+    /// `None` when the store had the object already.
+    tmp: Option<TmpFile>,
+}
+
+impl StagedObject {
+    pub fn id(&self) -> ObjectId {
+        self.id
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+impl ObjectStager {
+    /// Appends `data`.
+    pub fn write(&mut self, data: &[u8]) -> Result<(), StoreError> {
+        if self.hole_at_end {
+            self.tmp
+                .file()
+                .seek(SeekFrom::Start(self.len))
+                .map_err(|e| self.tmp.err("seeking in object", e))?;
+            self.hole_at_end = false;
+        }
+        self.hasher.update(data);
+        self.tmp
+            .file()
+            .write_all(data)
+            .map_err(|e| self.tmp.err("writing object", e))?;
+        self.len += data.len() as u64;
+        Ok(())
+    }
+
+    /// Appends `len` zero bytes as a hole (no disk space where the
+    /// filesystem can).
+    pub fn hole(&mut self, mut len: u64) -> Result<(), StoreError> {
+        static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+        self.len += len;
+        while len > 0 {
+            let n = len.min(ZEROS.len() as u64) as usize;
+            self.hasher.update(&ZEROS[..n]);
+            len -= n as u64;
+        }
+        self.hole_at_end = true;
+        Ok(())
+    }
+
+    /// Bytes so far.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Completes the file. If the store has the object already, the staged
+    /// copy is dropped at once.
+    pub fn finish(mut self, store: &Store) -> Result<StagedObject, StoreError> {
+        if self.hole_at_end {
+            self.tmp
+                .file()
+                .set_len(self.len)
+                .map_err(|e| self.tmp.err("extending object", e))?;
+        }
+        let id = self.hasher.finalize();
+        if store.has_object(&id) {
+            return Ok(StagedObject {
+                id,
+                size: self.len,
+                tmp: None,
+            });
+        }
+        self.tmp
+            .file()
+            .set_permissions(fs::Permissions::from_mode(0o644))
+            .map_err(|e| self.tmp.err("setting mode of object", e))?;
+        self.tmp.close();
+        Ok(StagedObject {
+            id,
+            size: self.len,
+            tmp: Some(self.tmp),
+        })
+    }
+}
+
+/// A layer directory being built in the staging area; see
+/// [`Store::layer_writer`].
+#[derive(Debug)]
+pub struct LayerRecordWriter {
+    staging: Arc<Staging>,
+    dir: PathBuf,
+    dump: File,
+    done: bool,
+}
+
+impl LayerRecordWriter {
+    /// The dump file, to write the dumpfile into.
+    pub fn dump(&mut self) -> &mut File {
+        &mut self.dump
+    }
+
+    fn err(&self, op: &'static str, path: &Path, e: io::Error) -> StoreError {
+        StoreError::io(op, path, self.staging.root(), e)
+    }
+
+    /// Writes `record`, syncs both files and renames the directory to
+    /// `layers/<diff_id>`. Every object the dump names must be published
+    /// already. Returns false if the layer was there already (ours is
+    /// dropped).
+    pub fn commit(mut self, store: &Store, record: &LayerRecord) -> Result<bool, StoreError> {
+        if !is_diff_id(&record.diff_id) {
+            return Err(bad_diff_id(self.staging.root(), &record.diff_id));
+        }
+        let dump_path = self.dir.join(LAYER_DUMP_FILE);
+        self.dump
+            .sync_all()
+            .map_err(|e| self.err("syncing layer dump", &dump_path, e))?;
+        let json_path = self.dir.join(LAYER_RECORD_FILE);
+        let json = serde_json::to_vec_pretty(record).expect("layer records serialise");
+        write_new_file(&json_path, &json).map_err(|e| self.err("writing", &json_path, e))?;
+        sync_dir(&self.dir, self.staging.root())?;
+        let dest = store.layer_dir(&record.diff_id);
+        match renameat_with(CWD, &self.dir, CWD, &dest, RenameFlags::NOREPLACE) {
+            Ok(()) => {
+                self.done = true;
+                sync_dir(&store.layers_dir(), &store.root)?;
+                Ok(true)
+            }
+            Err(Errno::EXIST | Errno::NOTEMPTY) => Ok(false),
+            Err(e) => Err(StoreError::io(
+                "renaming into",
+                &dest,
+                &store.root,
+                e.into(),
+            )),
+        }
+    }
+}
+
+impl Drop for LayerRecordWriter {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn write_new_file(path: &Path, data: &[u8]) -> io::Result<()> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    f.write_all(data)?;
+    f.set_permissions(fs::Permissions::from_mode(0o644))?;
+    f.sync_all()
+}
+
+impl Store {
+    /// `layers/<diff_id>` (a directory). `diff_id` should pass
+    /// [`is_diff_id`].
+    pub fn layer_dir(&self, diff_id: &str) -> PathBuf {
+        debug_assert!(is_diff_id(diff_id), "bad diff_id {diff_id:?}");
+        self.layers_dir().join(diff_id)
+    }
+
+    /// Whether a complete record of the layer is in the store.
+    pub fn has_layer_record(&self, diff_id: &str) -> bool {
+        is_diff_id(diff_id)
+            && fs::symlink_metadata(self.layer_dir(diff_id).join(LAYER_RECORD_FILE))
+                .map(|m| m.is_file())
+                .unwrap_or(false)
+    }
+
+    /// The layer's record, or `None` if the store does not have the layer.
+    pub fn layer_record(&self, diff_id: &str) -> Result<Option<LayerRecord>, StoreError> {
+        if !is_diff_id(diff_id) {
+            return Err(bad_diff_id(&self.root, diff_id));
+        }
+        let path = self.layer_dir(diff_id).join(LAYER_RECORD_FILE);
+        let Some(data) = self.read_record_file(&path)? else {
+            return Ok(None);
+        };
+        let rec: LayerRecord =
+            serde_json::from_slice(&data).map_err(|e| StoreError::CorruptLayer {
+                diff_id: diff_id.to_owned(),
+                root: self.root.clone(),
+                reason: format!("{LAYER_RECORD_FILE}: {e}"),
+            })?;
+        if rec.diff_id != diff_id || rec.format != LAYER_FORMAT {
+            return Err(StoreError::CorruptLayer {
+                diff_id: diff_id.to_owned(),
+                root: self.root.clone(),
+                reason: format!(
+                    "{LAYER_RECORD_FILE} describes {} in format {} (this build reads format {LAYER_FORMAT})",
+                    rec.diff_id, rec.format
+                ),
+            });
+        }
+        Ok(Some(rec))
+    }
+
+    /// `layers/<diff_id>/dump`.
+    pub fn layer_dump_path(&self, diff_id: &str) -> PathBuf {
+        self.layer_dir(diff_id).join(LAYER_DUMP_FILE)
+    }
+
+    /// The objects the layer's dump names (each once, sorted), read from
+    /// the PAYLOAD field of its lines without parsing the rest.
+    pub fn layer_record_objects(&self, diff_id: &str) -> Result<Vec<ObjectId>, StoreError> {
+        if !is_diff_id(diff_id) {
+            return Err(bad_diff_id(&self.root, diff_id));
+        }
+        let path = self.layer_dump_path(diff_id);
+        let file =
+            File::open(&path).map_err(|e| StoreError::io("opening", &path, &self.root, e))?;
+        let mut out = BTreeSet::new();
+        let mut line = Vec::new();
+        let mut r = BufReader::with_capacity(1 << 20, file);
+        loop {
+            line.clear();
+            let n = r
+                .read_until(b'\n', &mut line)
+                .map_err(|e| StoreError::io("reading", &path, &self.root, e))?;
+            if n == 0 {
+                break;
+            }
+            // PATH SIZE MODE NLINK UID GID RDEV MTIME PAYLOAD …: hardlink
+            // lines (MODE starting with '@') name a path, not an object.
+            let mut fields = line.split(|&b| b == b' ');
+            let mode = fields.nth(2);
+            if mode.is_some_and(|m| m.starts_with(b"@")) {
+                continue;
+            }
+            if let Some(payload) = fields.nth(5) {
+                if let Some(id) = object_id_of_payload(payload) {
+                    out.insert(id);
+                }
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    /// Starts a new layer directory in the staging area.
+    pub fn layer_writer(&self) -> Result<LayerRecordWriter, StoreError> {
+        let staging = self.staging()?;
+        let tmp = staging.tmp_file("layer")?;
+        // A directory named like the (unique) file, which we then drop.
+        // `layer.<n>.d`: with_extension would drop the unique `<n>` and
+        // make concurrent layer writers of one Store collide.
+        let mut dir = tmp.path().as_os_str().to_owned();
+        dir.push(".d");
+        let dir = PathBuf::from(dir);
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&dir)
+            .map_err(|e| StoreError::io("creating", &dir, &self.root, e))?;
+        drop(tmp);
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))
+            .map_err(|e| StoreError::io("setting mode of", &dir, &self.root, e))?;
+        let dump_path = dir.join(LAYER_DUMP_FILE);
+        let dump = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&dump_path)
+            .map_err(|e| StoreError::io("creating", &dump_path, &self.root, e))?;
+        fs::set_permissions(&dump_path, fs::Permissions::from_mode(0o644))
+            .map_err(|e| StoreError::io("setting mode of", &dump_path, &self.root, e))?;
+        Ok(LayerRecordWriter {
+            staging,
+            dir,
+            dump,
+            done: false,
+        })
+    }
+
+    /// Starts staging an object's content.
+    pub fn stage_object(&self) -> Result<ObjectStager, StoreError> {
+        Ok(ObjectStager {
+            tmp: self.staging()?.tmp_file("o")?,
+            hasher: FsVerityHasher::new(),
+            len: 0,
+            hole_at_end: false,
+        })
+    }
+
+    /// Publishes staged objects: one `syncfs` for all of them (rather than
+    /// an fsync each), fs-verity where the kernel has it, then a rename
+    /// each (never replacing) and an fsync of each fan-out directory that
+    /// changed.
+    pub fn publish_staged(
+        &self,
+        objects: impl IntoIterator<Item = StagedObject>,
+    ) -> Result<(), StoreError> {
+        let objects: Vec<(ObjectId, TmpFile)> = objects
+            .into_iter()
+            .filter_map(|o| o.tmp.map(|t| (o.id, t)))
+            .collect();
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let staging = self.staging()?;
+        let dir = File::open(staging.path())
+            .map_err(|e| StoreError::io("opening", staging.path(), &self.root, e))?;
+        rustix::fs::syncfs(&dir)
+            .map_err(|e| StoreError::io("syncing", staging.path(), &self.root, e.into()))?;
+        let verity = self.verity_supported();
+        let mut touched = BTreeSet::new();
+        let mut new_fanout = false;
+        for (id, tmp) in objects {
+            if verity {
+                kernel::enable_on_path(tmp.path()).map_err(|error| StoreError::Verity {
+                    path: tmp
+                        .path()
+                        .strip_prefix(&self.root)
+                        .unwrap_or(tmp.path())
+                        .into(),
+                    root: self.root.clone(),
+                    error,
+                })?;
+            }
+            let dest = self.object_path(&id);
+            let fanout = dest
+                .parent()
+                .expect("object paths have a fan-out directory")
+                .to_path_buf();
+            match fs::DirBuilder::new().mode(0o755).create(&fanout) {
+                Ok(()) => {
+                    fs::set_permissions(&fanout, fs::Permissions::from_mode(0o755))
+                        .map_err(|e| StoreError::io("setting mode of", &fanout, &self.root, e))?;
+                    new_fanout = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(StoreError::io("creating", &fanout, &self.root, e)),
+            }
+            if tmp.persist(&dest, false)? == Persisted::Created {
+                touched.insert(fanout);
+            }
+        }
+        if new_fanout {
+            sync_dir(&self.objects_dir(), &self.root)?;
+        }
+        for dir in touched {
+            sync_dir(&dir, &self.root)?;
+        }
+        Ok(())
+    }
+
+    /// `images/<digest>.json`.
+    pub fn image_record_path(&self, digest: &str) -> PathBuf {
+        debug_assert!(is_image_digest(digest), "bad image digest {digest:?}");
+        self.images_dir().join(format!("{digest}.json"))
+    }
+
+    /// Writes (or replaces) the record of an image that is in the store.
+    pub fn write_image_record(&self, record: &ImageRecord) -> Result<(), StoreError> {
+        let digest = &record.image_digest;
+        if !is_image_digest(digest) {
+            return Err(StoreError::InvalidImageDigest(digest.clone()));
+        }
+        if !self.has_image(digest) {
+            return Err(StoreError::ImageNotFound {
+                digest: digest.clone(),
+                root: self.root.clone(),
+            });
+        }
+        let json = serde_json::to_vec_pretty(record).expect("image records serialise");
+        let tmp = self.staging()?.tmp_file("record")?;
+        let mut f = tmp.file();
+        f.write_all(&json)
+            .and_then(|()| f.write_all(b"\n"))
+            .map_err(|e| tmp.err("writing image record", e))?;
+        f.set_permissions(fs::Permissions::from_mode(0o644))
+            .map_err(|e| tmp.err("setting mode of image record", e))?;
+        f.sync_all()
+            .map_err(|e| tmp.err("syncing image record", e))?;
+        tmp.persist(&self.image_record_path(digest), true)?;
+        sync_dir(&self.images_dir(), &self.root)
+    }
+
+    /// The record of an image, `None` if it has none (made by `mkfs`, or
+    /// missing).
+    pub fn image_record(&self, digest: &str) -> Result<Option<ImageRecord>, StoreError> {
+        if !is_image_digest(digest) {
+            return Err(StoreError::InvalidImageDigest(digest.to_owned()));
+        }
+        let path = self.image_record_path(digest);
+        let Some(data) = self.read_record_file(&path)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&data)
+            .map(Some)
+            .map_err(|e| StoreError::CorruptImage {
+                digest: digest.to_owned(),
+                root: self.root.clone(),
+                reason: format!("image record {digest}.json: {e}"),
+            })
+    }
+
+    fn read_record_file(&self, path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io("opening", path, &self.root, e)),
+        };
+        let mut data = Vec::new();
+        io::Read::read_to_end(&mut io::Read::take(file, MAX_RECORD_JSON + 1), &mut data)
+            .map_err(|e| StoreError::io("reading", path, &self.root, e))?;
+        if data.len() as u64 > MAX_RECORD_JSON {
+            return Err(StoreError::io(
+                "reading",
+                path,
+                &self.root,
+                io::Error::new(io::ErrorKind::InvalidData, "record larger than 64 MiB"),
+            ));
+        }
+        Ok(Some(data))
+    }
+}
+
+fn bad_diff_id(root: &Path, diff_id: &str) -> StoreError {
+    StoreError::CorruptLayer {
+        diff_id: diff_id.chars().take(100).collect(),
+        root: root.to_path_buf(),
+        reason: "not a layer name: expected a diff_id, sha256:<64 lowercase hex digits>".into(),
+    }
+}
+
+/// The object a dump PAYLOAD (`ab/cdef…`, or with a leading `/`) names.
+fn object_id_of_payload(payload: &[u8]) -> Option<ObjectId> {
+    let p = payload.strip_prefix(b"/").unwrap_or(payload);
+    if p.len() != 65 || p[2] != b'/' {
+        return None;
+    }
+    let hex: Vec<u8> = p[..2].iter().chain(&p[3..]).copied().collect();
+    let hex = std::str::from_utf8(&hex).ok()?;
+    if !is_lower_hex(hex) {
+        return None;
+    }
+    ObjectId::from_hex(hex).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ref_names_round_trip() {
+        for name in [
+            "debian",
+            "debian:bookworm",
+            "127.0.0.1:5000/library/debian:bookworm",
+            "docker.io/library/alpine@sha256:abcd",
+            "100%/x",
+            ".hidden",
+            "a..b",
+            "tab\there",
+        ] {
+            let r = ref_name_for(name);
+            crate::validate_ref_name(&r).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(image_name_for(&r), name);
+        }
+        assert_eq!(ref_name_for("debian:12"), "debian:12");
+        assert_eq!(ref_name_for("a/b:c"), "a%2Fb:c");
+    }
+
+    #[test]
+    fn diff_ids() {
+        assert!(is_diff_id(&format!("sha256:{}", "a".repeat(64))));
+        assert!(!is_diff_id(&format!("sha256:{}", "A".repeat(64))));
+        assert!(!is_diff_id(&"a".repeat(64)));
+        assert!(!is_diff_id("sha256:../x"));
+    }
+}
