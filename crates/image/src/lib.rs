@@ -1,17 +1,48 @@
-//! Filesystem trees from the outside world, turned into [`cairn_erofs::Tree`]s.
+//! Filesystem trees from the outside world, turned into [`cairn_erofs::Tree`]s
+//! and into images in the store.
 //!
-//! This crate owns the path from a source of files to the tree model: today
-//! a directory on the host ([`scan_dir`]); the OCI layer importer (tar
-//! streams, whiteouts, layer application) will live here too. Regular file
-//! contents never stay in memory: small files (up to the inline threshold)
-//! are kept inside the image, every other file is named by its fs-verity
-//! digest and, when a [`cairn_store::Store`] is given, copied (reflinked
-//! where the filesystem can) into the object store.
+//! This crate owns the path from a source of files to the tree model and
+//! on into the store:
 //!
-//! This crate never mounts anything and never writes outside the store.
+//! - a directory on the host ([`scan_dir`]);
+//! - an OCI layer blob ([`import_layer`]): decompressed (`decompress`),
+//!   parsed as it streams (`tar`), its files stored as objects and its
+//!   entries as a layer record (`layer`; pax headers in `pax`);
+//! - a stack of layers ([`assemble_image`]): applied in order with the
+//!   OCI whiteout rules (`apply`) and written as a composefs EROFS image
+//!   with its image record (`assemble`);
+//! - whole images from an OCI layout, a `docker save` archive or a
+//!   directory, and back out to an OCI layout (`archive`, `export`).
+//!
+//! Regular file contents never stay in memory: small files (up to the
+//! inline threshold) are kept inside the image, every other file is named
+//! by its fs-verity digest and stored once in the object store.
+//!
+//! This crate never mounts anything and never writes outside the store
+//! (except where `export` is asked to write an OCI layout).
 
 #![forbid(unsafe_code)]
 
+mod apply;
+mod archive;
+mod assemble;
+mod decompress;
+mod error;
+mod export;
+mod layer;
+mod pax;
 mod scan;
+mod tar;
 
+pub use archive::{
+    host_platform, import_dir, import_docker_archive, import_oci_layout, ImportOptions, Platform,
+};
+pub use assemble::{
+    assemble_image, assemble_image_from, build_image_tree, ImportedImage, MAX_CONFIG_BYTES,
+    MAX_MANIFEST_BYTES,
+};
+pub use decompress::{compression_for_media_type, Compression};
+pub use error::LayerError;
+pub use export::{export_oci_layout, write_tar, ExportedImage};
+pub use layer::{has_layer, import_layer, LayerInfo, Limits};
 pub use scan::{scan_dir, ScanError, ScanOptions, ScanStats};

@@ -1,0 +1,383 @@
+//! Image assembly: a manifest and config whose layers are in the store →
+//! the EROFS image (`images/<sha256>`), its record (`images/<sha256>.json`)
+//! and, last, a ref naming it.
+//!
+//! The order is what keeps the store consistent: every layer record and
+//! object exists before the image is written (they are checked), the image
+//! before its record, the record before the ref. The store lock is held
+//! shared throughout, so garbage collection cannot take what the image is
+//! being made of.
+
+use std::io::BufReader;
+
+use cairn_erofs::dump::{parse_dump, ParseOptions};
+use cairn_erofs::tree::InodeData;
+use cairn_erofs::writer::{mkfs_erofs, WriteOptions};
+use cairn_erofs::Tree;
+use cairn_store::{is_diff_id, ref_name_for, ImageRecord, ImageRecordLayer, ObjectId, Store};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::apply::{apply_layer, compact, empty_image};
+use crate::layer::LayerInfo;
+use crate::LayerError;
+
+/// Largest manifest accepted (the distribution spec's limit for manifests).
+pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
+/// Largest image config accepted.
+pub const MAX_CONFIG_BYTES: usize = 16 << 20;
+
+/// What [`assemble_image`] made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportedImage {
+    /// SHA-256 (hex) of the EROFS image: its name under `images/`.
+    pub image_digest: String,
+    /// `sha256:<hex>` of the manifest.
+    pub manifest_digest: String,
+    /// `sha256:<hex>` of the config.
+    pub config_digest: String,
+    /// The layers, bottom first.
+    pub layers: Vec<LayerInfo>,
+    /// The image name the store now knows it by, if it was given one.
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Descriptor {
+    #[serde(rename = "mediaType", default)]
+    pub media_type: Option<String>,
+    pub digest: String,
+    #[serde(default)]
+    pub size: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Manifest {
+    #[serde(rename = "schemaVersion")]
+    pub schema_version: Option<i64>,
+    #[serde(rename = "mediaType", default)]
+    pub media_type: Option<String>,
+    pub config: Descriptor,
+    pub layers: Vec<Descriptor>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct RootFs {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub diff_ids: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Config {
+    #[serde(default)]
+    pub created: Option<String>,
+    #[serde(default)]
+    pub architecture: Option<String>,
+    #[serde(default)]
+    pub os: Option<String>,
+    pub rootfs: RootFs,
+}
+
+pub(crate) fn sha256_digest(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+fn image_err(what: &'static str, reason: impl Into<String>) -> LayerError {
+    LayerError::Image {
+        what,
+        reason: reason.into(),
+    }
+}
+
+/// Parses and checks a manifest and its config.
+pub(crate) fn parse_image(
+    manifest_json: &[u8],
+    config_json: &[u8],
+) -> Result<(Manifest, Config), LayerError> {
+    if manifest_json.len() > MAX_MANIFEST_BYTES {
+        return Err(image_err(
+            "manifest",
+            format!(
+                "{} bytes is larger than the limit of {MAX_MANIFEST_BYTES}",
+                manifest_json.len()
+            ),
+        ));
+    }
+    if config_json.len() > MAX_CONFIG_BYTES {
+        return Err(image_err(
+            "config",
+            format!(
+                "{} bytes is larger than the limit of {MAX_CONFIG_BYTES}",
+                config_json.len()
+            ),
+        ));
+    }
+    let manifest: Manifest = serde_json::from_slice(manifest_json)
+        .map_err(|e| image_err("manifest", format!("not a valid image manifest: {e}")))?;
+    if manifest.schema_version != Some(2) {
+        return Err(image_err(
+            "manifest",
+            format!("schemaVersion {:?}, expected 2", manifest.schema_version),
+        ));
+    }
+    if let Some(mt) = &manifest.media_type {
+        if !matches!(
+            mt.as_str(),
+            "application/vnd.oci.image.manifest.v1+json"
+                | "application/vnd.docker.distribution.manifest.v2+json"
+        ) {
+            return Err(image_err(
+                "manifest",
+                format!("media type {mt:?} is not an image manifest (an index must be resolved to one first)"),
+            ));
+        }
+    }
+    let config_digest = sha256_digest(config_json);
+    if manifest.config.digest != config_digest {
+        return Err(image_err(
+            "config",
+            format!(
+                "digest mismatch: the manifest says {}, the config is {config_digest}",
+                manifest.config.digest
+            ),
+        ));
+    }
+    let config: Config = serde_json::from_slice(config_json)
+        .map_err(|e| image_err("config", format!("not a valid image config: {e}")))?;
+    if config.rootfs.kind != "layers" {
+        return Err(image_err(
+            "config",
+            format!("rootfs.type {:?}, expected \"layers\"", config.rootfs.kind),
+        ));
+    }
+    if config.rootfs.diff_ids.len() != manifest.layers.len() {
+        return Err(image_err(
+            "config",
+            format!(
+                "{} diff_ids for {} layers in the manifest",
+                config.rootfs.diff_ids.len(),
+                manifest.layers.len()
+            ),
+        ));
+    }
+    for d in &config.rootfs.diff_ids {
+        if !is_diff_id(d) {
+            return Err(image_err(
+                "config",
+                format!("diff_id {d:?} is not sha256:<64 lowercase hex digits>"),
+            ));
+        }
+    }
+    Ok((manifest, config))
+}
+
+/// Reads a layer's record tree from the store.
+pub(crate) fn load_layer_tree(store: &Store, diff_id: &str) -> Result<Tree, LayerError> {
+    let path = store.layer_dump_path(diff_id);
+    let file = std::fs::File::open(&path).map_err(|e| LayerError::Apply {
+        layer: diff_id.to_owned(),
+        path: path.display().to_string(),
+        reason: format!("opening the layer record: {e}"),
+    })?;
+    parse_dump(
+        BufReader::with_capacity(1 << 20, file),
+        &ParseOptions { strict: true },
+    )
+    .map_err(|e| LayerError::Apply {
+        layer: diff_id.to_owned(),
+        path: path.display().to_string(),
+        reason: format!("corrupt layer record: {e}"),
+    })
+}
+
+/// Applies `diff_ids` in order, each from its record in the store.
+pub fn build_image_tree(store: &Store, diff_ids: &[String]) -> Result<Tree, LayerError> {
+    let mut image = empty_image();
+    for diff_id in diff_ids {
+        let layer = load_layer_tree(store, diff_id)?;
+        apply_layer(&mut image, &layer, diff_id)?;
+    }
+    Ok(compact(&image))
+}
+
+/// Sums regular file sizes (each inode once) and checks that every object
+/// the tree names is in the store.
+pub(crate) fn check_objects(store: &Store, tree: &Tree) -> Result<u64, LayerError> {
+    let mut content = 0u64;
+    for inode in &tree.inodes {
+        let InodeData::Regular(r) = &inode.data else {
+            continue;
+        };
+        content = content.saturating_add(inode.size);
+        if let Some(d) = r.digest {
+            let id = ObjectId(d);
+            if !store.has_object(&id) {
+                return Err(image_err(
+                    "layers",
+                    format!("object {id} is missing from the store (re-import the layer)"),
+                ));
+            }
+        }
+    }
+    Ok(content)
+}
+
+/// Writes `tree` as an EROFS image into the store; returns its digest and
+/// size.
+pub(crate) fn write_image(store: &Store, tree: &Tree) -> Result<(String, u64), LayerError> {
+    let mut w = store
+        .image_writer()
+        .map_err(LayerError::store("writing the image"))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, &mut w);
+    let info = mkfs_erofs(tree, &WriteOptions::default(), &mut out)
+        .map_err(|e| image_err("filesystem", format!("writing the EROFS image: {e}")))?;
+    std::io::Write::flush(&mut out)
+        .map_err(|e| image_err("filesystem", format!("writing the EROFS image: {e}")))?;
+    drop(out);
+    let digest = w
+        .commit()
+        .map_err(LayerError::store("publishing the image"))?;
+    Ok((digest, info.size))
+}
+
+/// Applies the layers named by `config.rootfs.diff_ids`, writes the EROFS
+/// image and its record, and points `name` (an image name, mapped with
+/// [`ref_name_for`]) at it.
+///
+/// Every layer must have been imported ([`crate::import_layer`]) already.
+/// Hold [`Store::lock_shared`] from the first layer import to this call, so
+/// a concurrent garbage collection cannot remove layers no ref reaches yet.
+/// The returned layers say `cached: true` (they all come from the store at
+/// this point); a caller that imported some just now knows better.
+pub fn assemble_image(
+    store: &Store,
+    manifest_json: &[u8],
+    config_json: &[u8],
+    name: Option<&str>,
+) -> Result<ImportedImage, LayerError> {
+    assemble_image_from(store, manifest_json, config_json, name, None)
+}
+
+/// [`assemble_image`], also recording where the image came from.
+pub fn assemble_image_from(
+    store: &Store,
+    manifest_json: &[u8],
+    config_json: &[u8],
+    name: Option<&str>,
+    source: Option<&str>,
+) -> Result<ImportedImage, LayerError> {
+    let (manifest, config) = parse_image(manifest_json, config_json)?;
+    let ref_name = name.map(ref_name_for);
+    if let Some(r) = &ref_name {
+        cairn_store::validate_ref_name(r).map_err(LayerError::store("naming the image"))?;
+    }
+    let _lock = store
+        .lock_shared()
+        .map_err(LayerError::store("locking the store"))?;
+    let mut layers = Vec::new();
+    for (diff_id, desc) in config.rootfs.diff_ids.iter().zip(&manifest.layers) {
+        let rec = store
+            .layer_record(diff_id)
+            .map_err(LayerError::store(format!("reading layer {diff_id}")))?
+            .ok_or_else(|| LayerError::MissingLayer {
+                diff_id: diff_id.clone(),
+            })?;
+        layers.push(LayerInfo {
+            diff_id: diff_id.clone(),
+            blob_digest: Some(desc.digest.clone()),
+            entries: rec.entries,
+            size: rec.size,
+            compressed_size: desc
+                .size
+                .and_then(|s| u64::try_from(s).ok())
+                .unwrap_or(rec.compressed_size),
+            cached: true,
+        });
+    }
+    let tree = build_image_tree(store, &config.rootfs.diff_ids)?;
+    let content_size = check_objects(store, &tree)?;
+    let (image_digest, image_size) = write_image(store, &tree)?;
+    let record = ImageRecord {
+        image_digest: image_digest.clone(),
+        manifest_digest: sha256_digest(manifest_json),
+        config_digest: manifest.config.digest.clone(),
+        manifest: String::from_utf8_lossy(manifest_json).into_owned(),
+        config: String::from_utf8_lossy(config_json).into_owned(),
+        layers: layers
+            .iter()
+            .map(|l| ImageRecordLayer {
+                diff_id: l.diff_id.clone(),
+                blob_digest: l.blob_digest.clone(),
+                size: l.size,
+            })
+            .collect(),
+        created: config.created.clone(),
+        architecture: config.architecture.clone(),
+        os: config.os.clone(),
+        imported: now_rfc3339(),
+        image_size,
+        content_size,
+        source: source.map(str::to_owned),
+    };
+    store
+        .write_image_record(&record)
+        .map_err(LayerError::store("writing the image record"))?;
+    if let Some(r) = &ref_name {
+        store
+            .set_ref(r, &image_digest)
+            .map_err(LayerError::store(format!(
+                "naming the image {}",
+                name.unwrap_or("")
+            )))?;
+    }
+    Ok(ImportedImage {
+        image_digest,
+        manifest_digest: record.manifest_digest,
+        config_digest: record.config_digest,
+        layers,
+        name: name.map(str::to_owned),
+    })
+}
+
+/// The current time as RFC 3339 UTC (`2024-05-01T12:34:56Z`).
+pub(crate) fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    rfc3339(secs)
+}
+
+/// Seconds since the epoch as RFC 3339 UTC.
+pub(crate) fn rfc3339(secs: i64) -> String {
+    let days = secs.div_euclid(86400);
+    let rem = secs.rem_euclid(86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    }
+}

@@ -1,0 +1,273 @@
+//! The reader stack under the tar parser: the blob as fetched (hashed for
+//! its digest, counted), a decompressor (gzip, zstd or none, chosen by media
+//! type and magic bytes), and a limiter over the uncompressed stream that
+//! hashes it for the diff_id and stops decompression bombs.
+//!
+//! Errors keep their origin: a failure of the blob reader itself comes out
+//! wrapped in [`SourceError`], a decompressor's complaint in
+//! [`DecompressError`], a limit in [`LimitError`], so the importer can say
+//! which it was (and a caller can retry a network error but not a corrupt
+//! blob).
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read};
+use std::rc::Rc;
+
+use sha2::{Digest, Sha256};
+
+/// Uncompressed bytes past which the ratio limit applies.
+pub const RATIO_FLOOR: u64 = 64 << 20;
+
+/// How a layer blob is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+impl Compression {
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
+        }
+    }
+
+    /// The compression the first bytes of a blob show, if any.
+    pub fn from_magic(head: &[u8]) -> Option<Compression> {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Some(Compression::Gzip)
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Some(Compression::Zstd)
+        } else {
+            None
+        }
+    }
+}
+
+/// Layer media types cairn reads, and the compression each says.
+pub fn compression_for_media_type(media_type: &str) -> Option<Compression> {
+    // Parameters (`; charset=…`) do not change the type.
+    let mt = media_type.split(';').next().unwrap_or("").trim();
+    Some(match mt {
+        "application/vnd.oci.image.layer.v1.tar"
+        | "application/vnd.oci.image.layer.nondistributable.v1.tar"
+        | "application/vnd.docker.image.rootfs.diff.tar" => Compression::None,
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+        | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
+        | "application/vnd.docker.image.rootfs.diff.tar.gzip"
+        | "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip" => Compression::Gzip,
+        "application/vnd.oci.image.layer.v1.tar+zstd"
+        | "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd"
+        | "application/vnd.docker.image.rootfs.diff.tar.zstd" => Compression::Zstd,
+        _ => return None,
+    })
+}
+
+/// The blob reader failed (not the data in it).
+#[derive(Debug)]
+pub struct SourceError(pub io::Error);
+
+impl fmt::Display for SourceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SourceError {}
+
+/// The decompressor rejected the data.
+#[derive(Debug)]
+pub struct DecompressError {
+    pub compression: Compression,
+    pub error: io::Error,
+}
+
+impl fmt::Display for DecompressError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.error.kind() {
+            io::ErrorKind::UnexpectedEof => "truncated".to_string(),
+            _ => format!("corrupt ({})", self.error),
+        };
+        write!(f, "{} stream is {what}", self.compression.name())
+    }
+}
+
+impl std::error::Error for DecompressError {}
+
+/// A size or ratio limit stopped the stream.
+#[derive(Debug)]
+pub struct LimitError(pub String);
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LimitError {}
+
+/// What the stack counts and hashes, shared with whoever built it.
+#[derive(Debug, Default)]
+pub(crate) struct Meter {
+    pub compressed: Cell<u64>,
+    pub blob_hash: RefCell<Sha256>,
+    pub uncompressed: Cell<u64>,
+    pub tar_hash: RefCell<Sha256>,
+    /// Whether any byte was read from the blob (the layer cache test).
+    pub touched: Cell<bool>,
+}
+
+impl Meter {
+    pub fn blob_digest(&self) -> String {
+        format!(
+            "sha256:{}",
+            hex::encode(self.blob_hash.borrow().clone().finalize())
+        )
+    }
+
+    pub fn diff_id(&self) -> String {
+        format!(
+            "sha256:{}",
+            hex::encode(self.tar_hash.borrow().clone().finalize())
+        )
+    }
+}
+
+/// The blob as fetched: hashed and counted.
+struct SourceReader<R> {
+    inner: R,
+    meter: Rc<Meter>,
+}
+
+impl<R: Read> Read for SourceReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.meter.touched.set(true);
+        loop {
+            match self.inner.read(buf) {
+                Ok(n) => {
+                    self.meter.blob_hash.borrow_mut().update(&buf[..n]);
+                    self.meter
+                        .compressed
+                        .set(self.meter.compressed.get() + n as u64);
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io::Error::new(e.kind(), SourceError(e))),
+            }
+        }
+    }
+}
+
+/// The uncompressed stream: hashed, counted and limited.
+struct LimitReader<R> {
+    inner: R,
+    compression: Compression,
+    meter: Rc<Meter>,
+    max_bytes: u64,
+    max_ratio: u64,
+}
+
+impl<R: Read> Read for LimitReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = loop {
+            match self.inner.read(buf) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let from_source = e.get_ref().is_some_and(|inner| inner.is::<SourceError>());
+                    if from_source || self.compression == Compression::None {
+                        return Err(e);
+                    }
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        DecompressError {
+                            compression: self.compression,
+                            error: e,
+                        },
+                    ));
+                }
+            }
+        };
+        let total = self.meter.uncompressed.get() + n as u64;
+        self.meter.uncompressed.set(total);
+        if total > self.max_bytes {
+            return Err(io::Error::other(LimitError(format!(
+                "uncompressed layer is larger than the limit of {} bytes",
+                self.max_bytes
+            ))));
+        }
+        let compressed = self.meter.compressed.get().max(1);
+        if total > RATIO_FLOOR && total / compressed >= self.max_ratio {
+            return Err(io::Error::other(LimitError(format!(
+                "decompression bomb: {total} bytes from {compressed} compressed bytes exceeds the limit ratio of {}:1",
+                self.max_ratio
+            ))));
+        }
+        self.meter.tar_hash.borrow_mut().update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// The uncompressed stream, the compression found, and its meter.
+pub(crate) type BlobStack<'a> = (Box<dyn Read + 'a>, Compression, Rc<Meter>);
+
+/// Why [`open_blob`] failed.
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    /// Reading the first bytes failed.
+    Read(io::Error),
+    /// The media type and the magic bytes disagree.
+    Mismatch(String),
+}
+
+/// Builds the stack over `blob`. `declared` is what the media type says
+/// (`None`: nothing, detect). The magic bytes decide when they show gzip or
+/// zstd; a media type that promises compression the bytes do not show is an
+/// error.
+pub(crate) fn open_blob<'a>(
+    blob: impl Read + 'a,
+    declared: Option<Compression>,
+    max_bytes: u64,
+    max_ratio: u64,
+) -> Result<BlobStack<'a>, OpenError> {
+    let meter = Rc::new(Meter::default());
+    let mut src = BufReader::with_capacity(
+        256 * 1024,
+        SourceReader {
+            inner: blob,
+            meter: Rc::clone(&meter),
+        },
+    );
+    let head = src.fill_buf().map_err(OpenError::Read)?;
+    let detected = Compression::from_magic(head);
+    let compression = match (declared, detected) {
+        (_, Some(c)) => c,
+        (Some(Compression::None) | None, None) => Compression::None,
+        (Some(c), None) => {
+            return Err(OpenError::Mismatch(format!(
+                "the media type says {} but the blob does not start with {} magic bytes",
+                c.name(),
+                c.name()
+            )))
+        }
+    };
+    let inner: Box<dyn Read + 'a> = match compression {
+        Compression::None => Box::new(src),
+        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(src)),
+        Compression::Zstd => {
+            Box::new(zstd::stream::read::Decoder::with_buffer(src).map_err(OpenError::Read)?)
+        }
+    };
+    let limited = LimitReader {
+        inner,
+        compression,
+        meter: Rc::clone(&meter),
+        max_bytes,
+        max_ratio,
+    };
+    Ok((Box::new(limited), compression, meter))
+}

@@ -1,0 +1,328 @@
+//! pax extended headers (POSIX.1-2001 `x` records): parsed strictly
+//! (every record's length must be exact, every number a number), with the
+//! keys OCI layers use: `path`, `linkpath`, `size`, `uid`, `gid`, `mtime`
+//! (nanoseconds), xattrs (`SCHILY.xattr.*`, `LIBARCHIVE.xattr.*`) and the
+//! GNU sparse keys. Everything else is read past. No I/O here: the tar
+//! reader hands over the header's bytes, already capped in size.
+
+use std::collections::BTreeMap;
+
+use cairn_erofs::tree::Mtime;
+
+use crate::tar::{id32, MAX_SPARSE_SEGMENTS};
+
+pub(crate) fn parse_decimal(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 20 || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(s).ok()?.parse().ok()
+}
+
+/// What a pax extended header says about its entry.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Pax {
+    pub path: Option<Vec<u8>>,
+    pub linkpath: Option<Vec<u8>>,
+    pub size: Option<u64>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub mtime: Option<Mtime>,
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub sparse_major: Option<u64>,
+    pub sparse_minor: Option<u64>,
+    pub sparse_name: Option<Vec<u8>>,
+    /// Real size of a sparse file (`GNU.sparse.size` / `GNU.sparse.realsize`).
+    pub sparse_size: Option<u64>,
+    /// Sparse map from formats 0.0 and 0.1.
+    pub sparse_map: Option<Vec<(u64, u64)>>,
+}
+
+impl Pax {
+    /// Parses `LEN KEY=VALUE\n` records, strictly.
+    pub(crate) fn parse(data: &[u8]) -> Result<Pax, String> {
+        let mut pax = Pax::default();
+        let mut offsets: Vec<u64> = Vec::new();
+        let mut lengths: Vec<u64> = Vec::new();
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let rest = &data[pos..];
+            // GNU tar pads the header with NULs in some versions.
+            if rest.iter().all(|&b| b == 0) {
+                break;
+            }
+            let sp = rest
+                .iter()
+                .take(21)
+                .position(|&b| b == b' ')
+                .ok_or_else(|| format!("record at byte {pos}: no length field"))?;
+            let len = parse_decimal(&rest[..sp])
+                .ok_or_else(|| format!("record at byte {pos}: bad length field"))?;
+            if len <= sp as u64 + 1 || len > rest.len() as u64 {
+                return Err(format!(
+                    "record at byte {pos}: length {len} does not fit the {} bytes left",
+                    rest.len()
+                ));
+            }
+            let record = &rest[sp + 1..len as usize];
+            let Some((b'\n', body)) = record.split_last() else {
+                return Err(format!("record at byte {pos}: does not end with a newline"));
+            };
+            let eq = body
+                .iter()
+                .position(|&b| b == b'=')
+                .ok_or_else(|| format!("record at byte {pos}: no '=' in it"))?;
+            let (key, value) = (&body[..eq], &body[eq + 1..]);
+            if key.is_empty() {
+                return Err(format!("record at byte {pos}: empty key"));
+            }
+            pax.apply(key, value, &mut offsets, &mut lengths)
+                .map_err(|r| {
+                    format!(
+                        "record at byte {pos} ({}): {r}",
+                        String::from_utf8_lossy(key)
+                    )
+                })?;
+            pos += len as usize;
+        }
+        if !offsets.is_empty() || !lengths.is_empty() {
+            if offsets.len() != lengths.len() {
+                return Err("GNU sparse 0.0 offsets and lengths do not pair up".into());
+            }
+            pax.sparse_map = Some(offsets.into_iter().zip(lengths).collect());
+        }
+        Ok(pax)
+    }
+
+    fn apply(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        offsets: &mut Vec<u64>,
+        lengths: &mut Vec<u64>,
+    ) -> Result<(), String> {
+        let num = |v: &[u8]| parse_decimal(v).ok_or_else(|| "not a decimal number".to_string());
+        // An empty value unsets the key.
+        let empty = value.is_empty();
+        match key {
+            b"path" => self.path = (!empty).then(|| value.to_vec()),
+            b"linkpath" => self.linkpath = (!empty).then(|| value.to_vec()),
+            b"size" => self.size = if empty { None } else { Some(num(value)?) },
+            b"uid" => {
+                self.uid = if empty {
+                    None
+                } else {
+                    Some(id32(num(value)?, "uid")?)
+                }
+            }
+            b"gid" => {
+                self.gid = if empty {
+                    None
+                } else {
+                    Some(id32(num(value)?, "gid")?)
+                }
+            }
+            b"mtime" => {
+                self.mtime = if empty {
+                    None
+                } else {
+                    Some(parse_pax_time(value)?)
+                }
+            }
+            b"GNU.sparse.major" => self.sparse_major = Some(num(value)?),
+            b"GNU.sparse.minor" => self.sparse_minor = Some(num(value)?),
+            b"GNU.sparse.name" => self.sparse_name = Some(value.to_vec()),
+            b"GNU.sparse.size" | b"GNU.sparse.realsize" => self.sparse_size = Some(num(value)?),
+            b"GNU.sparse.numblocks" => {
+                if num(value)? > MAX_SPARSE_SEGMENTS as u64 {
+                    return Err(format!("more than {MAX_SPARSE_SEGMENTS} sparse segments"));
+                }
+            }
+            b"GNU.sparse.offset" => {
+                if offsets.len() >= MAX_SPARSE_SEGMENTS {
+                    return Err(format!("more than {MAX_SPARSE_SEGMENTS} sparse segments"));
+                }
+                offsets.push(num(value)?)
+            }
+            b"GNU.sparse.numbytes" => {
+                if lengths.len() >= MAX_SPARSE_SEGMENTS {
+                    return Err(format!("more than {MAX_SPARSE_SEGMENTS} sparse segments"));
+                }
+                lengths.push(num(value)?)
+            }
+            b"GNU.sparse.map" => {
+                let nums: Vec<u64> = if empty {
+                    Vec::new()
+                } else {
+                    value
+                        .split(|&b| b == b',')
+                        .map(num)
+                        .collect::<Result<_, _>>()?
+                };
+                if !nums.len().is_multiple_of(2) {
+                    return Err("odd number of values in the sparse map".into());
+                }
+                if nums.len() / 2 > MAX_SPARSE_SEGMENTS {
+                    return Err(format!("more than {MAX_SPARSE_SEGMENTS} sparse segments"));
+                }
+                self.sparse_map = Some(nums.chunks(2).map(|c| (c[0], c[1])).collect());
+            }
+            _ => {
+                if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
+                    if name.is_empty() {
+                        return Err("empty xattr name".into());
+                    }
+                    self.xattrs.insert(name.to_vec(), value.to_vec());
+                } else if let Some(name) = key.strip_prefix(b"LIBARCHIVE.xattr.") {
+                    let name = percent_decode(name).ok_or("bad %-escape in the xattr name")?;
+                    if name.is_empty() {
+                        return Err("empty xattr name".into());
+                    }
+                    let value = base64_decode(value).ok_or("xattr value is not base64")?;
+                    self.xattrs.insert(name, value);
+                }
+                // Everything else (atime, ctime, uname, gname, comment,
+                // hdrcharset, vendor keys) says nothing cairn keeps.
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `SECONDS[.FRACTION]`, possibly negative, to seconds and nanoseconds
+/// (digits past the ninth are dropped).
+fn parse_pax_time(v: &[u8]) -> Result<Mtime, String> {
+    let bad = || {
+        format!(
+            "time {:?} is not a decimal number",
+            String::from_utf8_lossy(v)
+        )
+    };
+    let (neg, v) = match v.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, v),
+    };
+    let (int, frac) = match v.iter().position(|&b| b == b'.') {
+        Some(p) => (&v[..p], &v[p + 1..]),
+        None => (v, &[][..]),
+    };
+    if int.is_empty() && frac.is_empty() {
+        return Err(bad());
+    }
+    let sec = if int.is_empty() {
+        0
+    } else {
+        parse_decimal(int).ok_or_else(bad)?
+    };
+    if !frac.iter().all(u8::is_ascii_digit) {
+        return Err(bad());
+    }
+    let mut nsec: u32 = 0;
+    for i in 0..9 {
+        nsec = nsec * 10 + frac.get(i).map_or(0, |d| u32::from(d - b'0'));
+    }
+    let sec = i64::try_from(sec).map_err(|_| bad())?;
+    if !neg {
+        return Ok(Mtime { sec, nsec });
+    }
+    Ok(if nsec == 0 {
+        Mtime { sec: -sec, nsec: 0 }
+    } else {
+        Mtime {
+            sec: -sec - 1,
+            nsec: 1_000_000_000 - nsec,
+        }
+    })
+}
+
+fn percent_decode(s: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'%' {
+            let h = std::str::from_utf8(s.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(h, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+/// Standard base64 with optional padding.
+fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let s = match s.iter().position(|&b| b == b'=') {
+        Some(p) => {
+            if !s[p..].iter().all(|&b| b == b'=') || !s.len().is_multiple_of(4) {
+                return None;
+            }
+            &s[..p]
+        }
+        None => s,
+    };
+    if s.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    for chunk in s.chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= val(c)? << (18 - 6 * i);
+        }
+        let bytes = acc.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pax_records() {
+        let p = Pax::parse(b"30 mtime=1633950376.123456789\n20 path=a/long/name\n").unwrap();
+        assert_eq!(
+            p.mtime,
+            Some(Mtime {
+                sec: 1633950376,
+                nsec: 123456789
+            })
+        );
+        assert_eq!(p.path.as_deref(), Some(&b"a/long/name"[..]));
+        assert!(Pax::parse(b"99 path=x\n").is_err());
+        assert!(Pax::parse(b"x path=x\n").is_err());
+        assert!(Pax::parse(b"9 path=x\n").is_ok());
+        assert!(Pax::parse(b"10 path=x\n").is_ok());
+        assert!(Pax::parse(b"11 path=x\n").is_err());
+        assert!(Pax::parse(b"12 path=xy\n").is_err());
+        assert!(Pax::parse(b"99999999999999999999999 path=x\n").is_err());
+        assert_eq!(
+            parse_pax_time(b"-1.5").unwrap(),
+            Mtime {
+                sec: -2,
+                nsec: 500_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn base64() {
+        assert_eq!(base64_decode(b"aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(base64_decode(b"aGVsbG8").unwrap(), b"hello");
+        assert_eq!(base64_decode(b"").unwrap(), b"");
+        assert!(base64_decode(b"a").is_none());
+        assert!(base64_decode(b"a=b=").is_none());
+    }
+}

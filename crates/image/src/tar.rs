@@ -1,0 +1,908 @@
+//! A streaming reader of tar archives as OCI layers use them, with explicit
+//! limits.
+//!
+//! It reads POSIX ustar and pax (`x` extended headers, with `path`,
+//! `linkpath`, `size`, `uid`, `gid`, `mtime` with nanoseconds,
+//! `SCHILY.xattr.*`, `LIBARCHIVE.xattr.*`), GNU tar (long names `L`, long
+//! link names `K`, base-256 numbers, old sparse files `S`), the three GNU pax
+//! sparse formats (0.0, 0.1 and 1.0) and old v7 archives. Global pax headers
+//! (`g`) are checked and ignored, as containerd does. Entry types other than
+//! files, hardlinks, symlinks, devices, directories and fifos are an error
+//! (containerd rejects them too).
+//!
+//! Nothing is held in memory but one entry's metadata: extension headers are
+//! capped ([`TarLimits::max_pax_header`]) before they are read, and file
+//! data is handed to the caller as it streams ([`TarReader::copy_data`]).
+//! Every error says where in the stream it happened and, once known, which
+//! entry. This module knows nothing about layers, whiteouts or the store.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read};
+
+use cairn_erofs::tree::Mtime;
+
+use crate::pax::{parse_decimal, Pax};
+
+/// Size of a tar block.
+pub(crate) const BLOCK: u64 = 512;
+/// Most extension headers (`L`, `K`, `x`, `g`) allowed before one entry.
+const MAX_EXTENSION_HEADERS: usize = 16;
+/// Most segments a sparse file may list.
+pub(crate) const MAX_SPARSE_SEGMENTS: usize = 1 << 20;
+
+/// What the reader refuses to read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TarLimits {
+    /// Longest path or link target, in bytes.
+    pub max_path: usize,
+    /// Largest pax extended header (or GNU long name) data.
+    pub max_pax_header: usize,
+    /// Largest total of xattr names and values on one entry.
+    pub max_xattr_bytes: usize,
+}
+
+/// Why the archive could not be read.
+#[derive(Debug)]
+pub(crate) struct TarError {
+    /// Byte offset in the tar stream of the header the error is about (or
+    /// where reading stopped).
+    pub offset: u64,
+    /// The entry's path, once known.
+    pub entry: Option<Vec<u8>>,
+    pub kind: TarErrorKind,
+}
+
+#[derive(Debug)]
+pub(crate) enum TarErrorKind {
+    /// Reading the underlying stream failed (decompression, the source).
+    Read(io::Error),
+    /// The stream ended too early.
+    Truncated(String),
+    /// The bytes are not a valid archive.
+    Invalid(String),
+    /// A limit was exceeded.
+    Limit(String),
+}
+
+impl TarError {
+    fn new(offset: u64, kind: TarErrorKind) -> Self {
+        TarError {
+            offset,
+            entry: None,
+            kind,
+        }
+    }
+
+    fn with_entry(mut self, path: &[u8]) -> Self {
+        if self.entry.is_none() {
+            self.entry = Some(path.to_vec());
+        }
+        self
+    }
+
+    pub(crate) fn reason(&self) -> String {
+        match &self.kind {
+            TarErrorKind::Read(e) => e.to_string(),
+            TarErrorKind::Truncated(s) | TarErrorKind::Invalid(s) | TarErrorKind::Limit(s) => {
+                s.clone()
+            }
+        }
+    }
+}
+
+/// The type of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EntryKind {
+    Regular,
+    Hardlink,
+    Symlink,
+    CharDevice,
+    BlockDevice,
+    Directory,
+    Fifo,
+}
+
+/// One entry's metadata, extension headers applied.
+#[derive(Debug, Clone)]
+pub(crate) struct TarEntry {
+    /// Offset of the entry's first header (extension headers included).
+    pub offset: u64,
+    /// Offset of the entry's data (after a pax 1.0 sparse map).
+    pub data_offset: u64,
+    pub path: Vec<u8>,
+    /// Hardlink or symlink target.
+    pub link: Vec<u8>,
+    pub kind: EntryKind,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: Mtime,
+    pub devmajor: u32,
+    pub devminor: u32,
+    /// Size of the file the entry describes (sparse files: with holes).
+    pub size: u64,
+    /// Bytes of data stored in the archive for it.
+    pub stored: u64,
+    /// For sparse files: `(offset, length)` of each data segment, in order.
+    pub sparse: Option<Vec<(u64, u64)>>,
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// A source of archive bytes that may skip cheaply.
+pub(crate) trait TarSource: Read {
+    /// Skips `n` bytes; an early end is `UnexpectedEof`.
+    fn skip(&mut self, n: u64) -> io::Result<()> {
+        let got = io::copy(&mut self.take(n), &mut io::sink())?;
+        if got < n {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(())
+    }
+}
+
+impl<R: Read> TarSource for io::BufReader<R> {}
+
+/// Reads entries one after the other.
+pub(crate) struct TarReader<R> {
+    r: R,
+    limits: TarLimits,
+    /// Bytes consumed from the stream.
+    pos: u64,
+    /// Data (and padding) of the current entry not yet consumed.
+    pending: u64,
+    done: bool,
+}
+
+/// A piece of an entry's data.
+pub(crate) enum Chunk<'a> {
+    Data(&'a [u8]),
+    Hole(u64),
+}
+
+impl<R: TarSource> TarReader<R> {
+    pub(crate) fn new(r: R, limits: TarLimits) -> Self {
+        TarReader {
+            r,
+            limits,
+            pos: 0,
+            pending: 0,
+            done: false,
+        }
+    }
+
+    fn read_error(&self, e: io::Error, what: &str) -> TarError {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            TarError::new(
+                self.pos,
+                TarErrorKind::Truncated(format!("the archive ends in the middle of {what}")),
+            )
+        } else {
+            TarError::new(self.pos, TarErrorKind::Read(e))
+        }
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8], what: &str) -> Result<(), TarError> {
+        self.r
+            .read_exact(buf)
+            .map_err(|e| self.read_error(e, what))?;
+        self.pos += buf.len() as u64;
+        Ok(())
+    }
+
+    fn skip(&mut self, n: u64, what: &str) -> Result<(), TarError> {
+        self.r.skip(n).map_err(|e| self.read_error(e, what))?;
+        self.pos += n;
+        Ok(())
+    }
+
+    /// Reads a header block; `None` at a clean end of stream.
+    fn read_block(&mut self, block: &mut [u8; 512]) -> Result<bool, TarError> {
+        let mut got = 0;
+        while got < block.len() {
+            match self.r.read(&mut block[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(TarError::new(self.pos, TarErrorKind::Read(e))),
+            }
+        }
+        self.pos += got as u64;
+        match got {
+            0 => Ok(false),
+            512 => Ok(true),
+            _ => Err(TarError::new(
+                self.pos,
+                TarErrorKind::Truncated(format!(
+                    "the archive ends in the middle of a header ({got} of 512 bytes)"
+                )),
+            )),
+        }
+    }
+
+    /// Reads the data of an extension header, capped.
+    fn read_extension(&mut self, size: u64, what: &str, at: u64) -> Result<Vec<u8>, TarError> {
+        if size > self.limits.max_pax_header as u64 {
+            return Err(TarError::new(
+                at,
+                TarErrorKind::Limit(format!(
+                    "{what} of {size} bytes is larger than the limit of {} bytes",
+                    self.limits.max_pax_header
+                )),
+            ));
+        }
+        let mut data = vec![0u8; size as usize];
+        self.read_exact(&mut data, what)?;
+        self.skip(padding(size), what)?;
+        Ok(data)
+    }
+
+    /// The next entry, or `None` after the end-of-archive marker (or a clean
+    /// end of the stream). The previous entry's unread data is skipped.
+    pub(crate) fn next_entry(&mut self) -> Result<Option<TarEntry>, TarError> {
+        if self.done {
+            return Ok(None);
+        }
+        if self.pending > 0 {
+            let n = self.pending;
+            self.pending = 0;
+            self.skip(n, "an entry's data")?;
+        }
+        let mut long_name: Option<Vec<u8>> = None;
+        let mut long_link: Option<Vec<u8>> = None;
+        let mut pax: Option<Pax> = None;
+        let mut first_offset: Option<u64> = None;
+        let mut extensions = 0usize;
+        let mut block = [0u8; 512];
+        loop {
+            let offset = self.pos;
+            if !self.read_block(&mut block)? {
+                if first_offset.is_some() {
+                    return Err(TarError::new(
+                        offset,
+                        TarErrorKind::Truncated(
+                            "the archive ends after extension headers, before their entry".into(),
+                        ),
+                    ));
+                }
+                self.done = true;
+                return Ok(None);
+            }
+            if block.iter().all(|&b| b == 0) {
+                if first_offset.is_some() {
+                    return Err(TarError::new(
+                        offset,
+                        TarErrorKind::Invalid(
+                            "end-of-archive marker right after extension headers".into(),
+                        ),
+                    ));
+                }
+                self.done = true;
+                return Ok(None);
+            }
+            let first = *first_offset.get_or_insert(offset);
+            let h = Header(&block);
+            h.check_checksum().map_err(|reason| {
+                let reason = if offset == 0 {
+                    format!("not a tar archive ({reason})")
+                } else {
+                    reason
+                };
+                TarError::new(offset, TarErrorKind::Invalid(reason))
+            })?;
+            let size = h
+                .number(124, 12, "size")
+                .map_err(|r| TarError::new(offset, TarErrorKind::Invalid(r)))?;
+            let typeflag = block[156];
+            match typeflag {
+                b'L' | b'K' | b'x' | b'g' => {
+                    extensions += 1;
+                    if extensions > MAX_EXTENSION_HEADERS {
+                        return Err(TarError::new(
+                            offset,
+                            TarErrorKind::Invalid(format!(
+                                "more than {MAX_EXTENSION_HEADERS} extension headers in a row"
+                            )),
+                        ));
+                    }
+                    let what = match typeflag {
+                        b'L' => "GNU long name",
+                        b'K' => "GNU long link name",
+                        b'x' => "pax extended header",
+                        _ => "pax global header",
+                    };
+                    let data = self.read_extension(size, what, offset)?;
+                    match typeflag {
+                        b'L' | b'K' => {
+                            let name = cstr(&data).to_vec();
+                            if name.len() > self.limits.max_path {
+                                return Err(TarError::new(
+                                    offset,
+                                    TarErrorKind::Limit(format!(
+                                        "{what} of {} bytes is longer than the limit of {}",
+                                        name.len(),
+                                        self.limits.max_path
+                                    )),
+                                ));
+                            }
+                            let slot = if typeflag == b'L' {
+                                &mut long_name
+                            } else {
+                                &mut long_link
+                            };
+                            if slot.is_some() {
+                                return Err(TarError::new(
+                                    offset,
+                                    TarErrorKind::Invalid(format!(
+                                        "two {what} headers for one entry"
+                                    )),
+                                ));
+                            }
+                            *slot = Some(name);
+                        }
+                        b'x' => {
+                            if pax.is_some() {
+                                return Err(TarError::new(
+                                    offset,
+                                    TarErrorKind::Invalid(
+                                        "two pax extended headers for one entry".into(),
+                                    ),
+                                ));
+                            }
+                            pax = Some(Pax::parse(&data).map_err(|r| {
+                                TarError::new(
+                                    offset,
+                                    TarErrorKind::Invalid(format!("malformed pax header: {r}")),
+                                )
+                            })?);
+                        }
+                        _ => {
+                            // Checked, then ignored (containerd and Go do the same).
+                            Pax::parse(&data).map_err(|r| {
+                                TarError::new(
+                                    offset,
+                                    TarErrorKind::Invalid(format!(
+                                        "malformed pax global header: {r}"
+                                    )),
+                                )
+                            })?;
+                        }
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let entry = self.build_entry(&h, size, first, long_name, long_link, pax)?;
+            return Ok(Some(entry));
+        }
+    }
+
+    fn build_entry(
+        &mut self,
+        h: &Header<'_>,
+        header_size: u64,
+        first: u64,
+        long_name: Option<Vec<u8>>,
+        long_link: Option<Vec<u8>>,
+        pax: Option<Pax>,
+    ) -> Result<TarEntry, TarError> {
+        let offset = self.pos - BLOCK;
+        let pax = pax.unwrap_or_default();
+        let invalid = |r: String| TarError::new(first, TarErrorKind::Invalid(r));
+        let format = h.format();
+
+        let mut path = match (&pax.path, &long_name) {
+            (Some(p), _) => p.clone(),
+            (None, Some(n)) => n.clone(),
+            (None, None) => {
+                let name = cstr(h.field(0, 100)).to_vec();
+                let prefix = if format == Format::Ustar {
+                    cstr(h.field(345, 155))
+                } else {
+                    &[]
+                };
+                if prefix.is_empty() {
+                    name
+                } else {
+                    let mut p = prefix.to_vec();
+                    p.push(b'/');
+                    p.extend_from_slice(&name);
+                    p
+                }
+            }
+        };
+        if let Some(name) = &pax.sparse_name {
+            path = name.clone();
+        }
+        let link = match (&pax.linkpath, &long_link) {
+            (Some(p), _) => p.clone(),
+            (None, Some(n)) => n.clone(),
+            (None, None) => cstr(h.field(157, 100)).to_vec(),
+        };
+        let err_path = path.clone();
+        let with_path = |e: TarError| e.with_entry(&err_path);
+        if path.len() > self.limits.max_path {
+            return Err(with_path(TarError::new(
+                first,
+                TarErrorKind::Limit(format!(
+                    "path of {} bytes is longer than the limit of {}",
+                    path.len(),
+                    self.limits.max_path
+                )),
+            )));
+        }
+        if link.len() > self.limits.max_path {
+            return Err(with_path(TarError::new(
+                first,
+                TarErrorKind::Limit(format!(
+                    "link target of {} bytes is longer than the limit of {}",
+                    link.len(),
+                    self.limits.max_path
+                )),
+            )));
+        }
+        if path.is_empty() {
+            return Err(invalid("entry with an empty path".into()));
+        }
+
+        let num = |off, len, what| h.number(off, len, what).map_err(|r| with_path(invalid(r)));
+        let mode = (num(100, 8, "mode")? & 0o7777) as u32;
+        let uid = match pax.uid {
+            Some(u) => u,
+            None => id32(num(108, 8, "uid")?, "uid").map_err(|r| with_path(invalid(r)))?,
+        };
+        let gid = match pax.gid {
+            Some(g) => g,
+            None => id32(num(116, 8, "gid")?, "gid").map_err(|r| with_path(invalid(r)))?,
+        };
+        let mtime = match pax.mtime {
+            Some(m) => m,
+            None => Mtime {
+                sec: h
+                    .signed_number(136, 12, "mtime")
+                    .map_err(|r| with_path(invalid(r)))?,
+                nsec: 0,
+            },
+        };
+        let stored = pax.size.unwrap_or(header_size);
+        let typeflag = h.0[156];
+        let mut kind = match typeflag {
+            b'0' | 0 | b'7' | b'S' => EntryKind::Regular,
+            b'1' => EntryKind::Hardlink,
+            b'2' => EntryKind::Symlink,
+            b'3' => EntryKind::CharDevice,
+            b'4' => EntryKind::BlockDevice,
+            b'5' | b'D' => EntryKind::Directory,
+            b'6' => EntryKind::Fifo,
+            t => {
+                return Err(with_path(invalid(format!(
+                    "unsupported entry type {}",
+                    show_type(t)
+                ))))
+            }
+        };
+        // Old archives mark directories only by a trailing slash.
+        if kind == EntryKind::Regular && typeflag != b'S' && path.ends_with(b"/") {
+            kind = EntryKind::Directory;
+        }
+        let (devmajor, devminor) = if matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice)
+        {
+            (
+                id32(num(329, 8, "devmajor")?, "devmajor").map_err(|r| with_path(invalid(r)))?,
+                id32(num(337, 8, "devminor")?, "devminor").map_err(|r| with_path(invalid(r)))?,
+            )
+        } else {
+            (0, 0)
+        };
+
+        let mut xattr_bytes = 0usize;
+        for (k, v) in &pax.xattrs {
+            xattr_bytes = xattr_bytes.saturating_add(k.len() + v.len());
+        }
+        if xattr_bytes > self.limits.max_xattr_bytes {
+            return Err(with_path(TarError::new(
+                first,
+                TarErrorKind::Limit(format!(
+                    "xattrs of {xattr_bytes} bytes exceed the limit of {} bytes",
+                    self.limits.max_xattr_bytes
+                )),
+            )));
+        }
+
+        let mut entry = TarEntry {
+            offset: first,
+            data_offset: self.pos,
+            path,
+            link,
+            kind,
+            mode,
+            uid,
+            gid,
+            mtime,
+            devmajor,
+            devminor,
+            size: stored,
+            stored,
+            sparse: None,
+            xattrs: pax.xattrs.clone(),
+        };
+
+        // Sparse files.
+        if typeflag == b'S' {
+            if format != Format::Gnu {
+                return Err(with_path(invalid(
+                    "GNU sparse entry without a GNU header".into(),
+                )));
+            }
+            let (segments, real) = self
+                .read_gnu_sparse(h, offset)
+                .map_err(|e| e.with_entry(&entry.path))?;
+            entry.data_offset = self.pos;
+            entry.size = real;
+            entry.sparse = Some(segments);
+        } else if pax.sparse_major == Some(1) {
+            if pax.sparse_minor != Some(0) {
+                return Err(with_path(invalid(format!(
+                    "unsupported GNU sparse format 1.{}",
+                    pax.sparse_minor.unwrap_or(0)
+                ))));
+            }
+            let real = pax.sparse_size.ok_or_else(|| {
+                with_path(invalid("GNU sparse 1.0 entry without a real size".into()))
+            })?;
+            let (segments, map_bytes) = self
+                .read_sparse_map_1_0(stored)
+                .map_err(|e| e.with_entry(&entry.path))?;
+            entry.stored = stored - map_bytes;
+            entry.data_offset = self.pos;
+            entry.size = real;
+            entry.sparse = Some(segments);
+        } else if let Some(segments) = pax.sparse_map.clone() {
+            let real = pax
+                .sparse_size
+                .ok_or_else(|| with_path(invalid("GNU sparse entry without a real size".into())))?;
+            entry.size = real;
+            entry.sparse = Some(segments);
+        }
+        if let Some(segments) = &entry.sparse {
+            check_sparse(segments, entry.size, entry.stored).map_err(|r| with_path(invalid(r)))?;
+            if kind != EntryKind::Regular {
+                return Err(with_path(invalid(
+                    "sparse map on a non-regular entry".into(),
+                )));
+            }
+        }
+        self.pending = entry
+            .stored
+            .checked_add(padding(entry.stored))
+            .ok_or_else(|| with_path(invalid("entry size overflows".into())))?;
+        Ok(entry)
+    }
+
+    /// Reads the sparse map of an old GNU sparse header and its extension
+    /// blocks; returns the segments and the real size.
+    fn read_gnu_sparse(
+        &mut self,
+        h: &Header<'_>,
+        offset: u64,
+    ) -> Result<(Vec<(u64, u64)>, u64), TarError> {
+        let invalid = |r: String| TarError::new(offset, TarErrorKind::Invalid(r));
+        let mut segments = Vec::new();
+        let push = |block: &[u8], at: usize, segments: &mut Vec<(u64, u64)>| {
+            let off = parse_octal_or_256(&block[at..at + 12], "sparse offset")?;
+            let len = parse_octal_or_256(&block[at + 12..at + 24], "sparse length")?;
+            if off == 0 && len == 0 && block[at] == 0 {
+                return Ok(());
+            }
+            if segments.len() >= MAX_SPARSE_SEGMENTS {
+                return Err(format!("more than {MAX_SPARSE_SEGMENTS} sparse segments"));
+            }
+            segments.push((off, len));
+            Ok(())
+        };
+        for i in 0..4 {
+            push(h.0, 386 + i * 24, &mut segments).map_err(invalid)?;
+        }
+        let real = h.number(483, 12, "real size").map_err(invalid)?;
+        let mut extended = h.0[482] != 0;
+        let mut block = [0u8; 512];
+        while extended {
+            let at = self.pos;
+            self.read_exact(&mut block, "a GNU sparse extension header")?;
+            for i in 0..21 {
+                push(&block, i * 24, &mut segments)
+                    .map_err(|r| TarError::new(at, TarErrorKind::Invalid(r)))?;
+            }
+            extended = block[504] != 0;
+        }
+        Ok((segments, real))
+    }
+
+    /// Reads the map at the start of a GNU sparse 1.0 entry's data: decimal
+    /// numbers one per line (count, then offset and length pairs), padded to
+    /// a block. Returns the segments and the bytes the map took.
+    fn read_sparse_map_1_0(&mut self, stored: u64) -> Result<(Vec<(u64, u64)>, u64), TarError> {
+        let start = self.pos;
+        let mut buf: Vec<u8> = Vec::new();
+        let mut numbers: Vec<u64> = Vec::new();
+        let mut need: Option<u64> = None;
+        let mut cursor = 0usize;
+        loop {
+            // Parse whole lines in what we have.
+            while let Some(nl) = buf[cursor..].iter().position(|&b| b == b'\n') {
+                let line = &buf[cursor..cursor + nl];
+                let v = parse_decimal(line).ok_or_else(|| {
+                    TarError::new(
+                        start,
+                        TarErrorKind::Invalid(format!(
+                            "GNU sparse 1.0 map: {:?} is not a number",
+                            String::from_utf8_lossy(line)
+                        )),
+                    )
+                })?;
+                cursor += nl + 1;
+                if need.is_none() {
+                    if v > MAX_SPARSE_SEGMENTS as u64 {
+                        return Err(TarError::new(
+                            start,
+                            TarErrorKind::Invalid(format!(
+                                "GNU sparse 1.0 map lists {v} segments (at most {MAX_SPARSE_SEGMENTS})"
+                            )),
+                        ));
+                    }
+                    need = Some(v * 2);
+                } else {
+                    numbers.push(v);
+                }
+                if need == Some(numbers.len() as u64) {
+                    let segments = numbers.chunks(2).map(|c| (c[0], c[1])).collect();
+                    return Ok((segments, buf.len() as u64));
+                }
+            }
+            if buf.len() as u64 + BLOCK > stored {
+                return Err(TarError::new(
+                    start,
+                    TarErrorKind::Invalid("GNU sparse 1.0 map runs past the entry's data".into()),
+                ));
+            }
+            let mut block = [0u8; 512];
+            self.read_exact(&mut block, "a GNU sparse 1.0 map")?;
+            buf.extend_from_slice(&block);
+        }
+    }
+
+    /// Streams the current entry's data to `sink` (holes of sparse files as
+    /// [`Chunk::Hole`]). Call at most once per entry, before `next_entry`.
+    pub(crate) fn copy_data<E: From<TarError>>(
+        &mut self,
+        entry: &TarEntry,
+        mut sink: impl FnMut(Chunk<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut cur = 0u64;
+        let single = [(0u64, entry.stored)];
+        let segments: &[(u64, u64)] = entry.sparse.as_deref().unwrap_or(&single);
+        for &(off, len) in segments {
+            if off > cur {
+                sink(Chunk::Hole(off - cur))?;
+            }
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(buf.len() as u64) as usize;
+                let got = match self.r.read(&mut buf[..n]) {
+                    Ok(0) => {
+                        return Err(TarError::new(
+                            self.pos,
+                            TarErrorKind::Truncated(format!(
+                                "the archive ends inside the entry's data ({} of {} bytes missing)",
+                                left, entry.stored
+                            )),
+                        )
+                        .with_entry(&entry.path)
+                        .into())
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        return Err(TarError::new(self.pos, TarErrorKind::Read(e))
+                            .with_entry(&entry.path)
+                            .into())
+                    }
+                };
+                self.pos += got as u64;
+                self.pending -= got as u64;
+                left -= got as u64;
+                sink(Chunk::Data(&buf[..got]))?;
+            }
+            cur = off + len;
+        }
+        if entry.size > cur {
+            sink(Chunk::Hole(entry.size - cur))?;
+        }
+        Ok(())
+    }
+
+    /// Reads everything left in the stream (after the end-of-archive
+    /// marker), returning how many bytes that was.
+    pub(crate) fn drain(&mut self) -> Result<u64, TarError> {
+        let n = io::copy(&mut self.r, &mut io::sink())
+            .map_err(|e| TarError::new(self.pos, TarErrorKind::Read(e)))?;
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+fn padding(size: u64) -> u64 {
+    (BLOCK - size % BLOCK) % BLOCK
+}
+
+fn show_type(t: u8) -> String {
+    if t.is_ascii_graphic() {
+        format!("'{}'", t as char)
+    } else {
+        format!("{t:#04x}")
+    }
+}
+
+pub(crate) fn id32(v: u64, what: &str) -> Result<u32, String> {
+    u32::try_from(v).map_err(|_| format!("{what} {v} does not fit in 32 bits"))
+}
+
+/// Checks a sparse map against the real size and the stored data.
+fn check_sparse(segments: &[(u64, u64)], size: u64, stored: u64) -> Result<(), String> {
+    let mut cur = 0u64;
+    let mut total = 0u64;
+    for &(off, len) in segments {
+        if off < cur {
+            return Err("sparse segments overlap or are out of order".into());
+        }
+        cur = off
+            .checked_add(len)
+            .filter(|&end| end <= size)
+            .ok_or_else(|| {
+                format!("sparse segment at {off} (+{len}) ends past the file size {size}")
+            })?;
+        total = total.saturating_add(len);
+    }
+    if total != stored {
+        return Err(format!(
+            "sparse map lists {total} bytes of data but the entry stores {stored}"
+        ));
+    }
+    Ok(())
+}
+
+/// The bytes of a NUL-terminated field.
+fn cstr(field: &[u8]) -> &[u8] {
+    match field.iter().position(|&b| b == 0) {
+        Some(n) => &field[..n],
+        None => field,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    V7,
+    Ustar,
+    Gnu,
+}
+
+struct Header<'a>(&'a [u8; 512]);
+
+impl Header<'_> {
+    fn field(&self, off: usize, len: usize) -> &[u8] {
+        &self.0[off..off + len]
+    }
+
+    fn format(&self) -> Format {
+        match &self.0[257..265] {
+            b"ustar\x0000" => Format::Ustar,
+            b"ustar  \x00" => Format::Gnu,
+            m if &m[..6] == b"ustar\x00" => Format::Ustar,
+            _ => Format::V7,
+        }
+    }
+
+    fn check_checksum(&self) -> Result<(), String> {
+        let stored = parse_octal(self.field(148, 8))
+            .map_err(|_| "header checksum field is not a number".to_string())?;
+        let mut unsigned = 0u64;
+        let mut signed = 0i64;
+        for (i, &b) in self.0.iter().enumerate() {
+            let b = if (148..156).contains(&i) { b' ' } else { b };
+            unsigned += u64::from(b);
+            signed += i64::from(b as i8);
+        }
+        if stored == unsigned || i64::try_from(stored).ok() == Some(signed) {
+            Ok(())
+        } else {
+            Err(format!(
+                "header checksum mismatch (header says {stored}, bytes sum to {unsigned})"
+            ))
+        }
+    }
+
+    fn number(&self, off: usize, len: usize, what: &str) -> Result<u64, String> {
+        parse_octal_or_256(self.field(off, len), what)
+    }
+
+    fn signed_number(&self, off: usize, len: usize, what: &str) -> Result<i64, String> {
+        let f = self.field(off, len);
+        if f[0] == 0xff {
+            // Negative base-256 (two's complement).
+            let mut v: i128 = -1;
+            for &b in f {
+                v = (v << 8) | i128::from(b);
+            }
+            return i64::try_from(v).map_err(|_| format!("{what} out of range"));
+        }
+        let v = parse_octal_or_256(f, what)?;
+        i64::try_from(v).map_err(|_| format!("{what} {v} out of range"))
+    }
+}
+
+fn parse_octal_or_256(f: &[u8], what: &str) -> Result<u64, String> {
+    if f[0] & 0x80 != 0 {
+        if f[0] == 0xff {
+            return Err(format!("{what} is negative"));
+        }
+        let mut v: u64 = u64::from(f[0] & 0x7f);
+        for &b in &f[1..] {
+            v = v
+                .checked_mul(256)
+                .and_then(|v| v.checked_add(u64::from(b)))
+                .ok_or_else(|| format!("{what} does not fit in 64 bits"))?;
+        }
+        return Ok(v);
+    }
+    parse_octal(f).map_err(|bad| {
+        format!(
+            "{what} field {:?} is not an octal number",
+            String::from_utf8_lossy(bad)
+        )
+    })
+}
+
+/// Octal digits, with leading spaces and trailing NULs or spaces allowed.
+fn parse_octal(f: &[u8]) -> Result<u64, &[u8]> {
+    let start = f.iter().position(|&b| b != b' ').unwrap_or(f.len());
+    let rest = &f[start..];
+    let end = rest
+        .iter()
+        .position(|&b| b == 0 || b == b' ')
+        .unwrap_or(rest.len());
+    let digits = &rest[..end];
+    if rest[end..].iter().any(|&b| b != 0 && b != b' ') {
+        return Err(f);
+    }
+    let mut v: u64 = 0;
+    for &d in digits {
+        if !(b'0'..=b'7').contains(&d) {
+            return Err(f);
+        }
+        v = v
+            .checked_mul(8)
+            .and_then(|v| v.checked_add(u64::from(d - b'0')))
+            .ok_or(f)?;
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn octal_and_base256() {
+        assert_eq!(parse_octal(b"0000644\0").unwrap(), 0o644);
+        assert_eq!(parse_octal(b"   644 \0").unwrap(), 0o644);
+        assert_eq!(parse_octal(b"\0\0\0\0").unwrap(), 0);
+        assert!(parse_octal(b"0009\0").is_err());
+        assert!(parse_octal(b"12 34").is_err());
+        let mut f = [0u8; 12];
+        f[0] = 0x80;
+        f[11] = 5;
+        f[10] = 1;
+        assert_eq!(parse_octal_or_256(&f, "x").unwrap(), 261);
+    }
+}
