@@ -1,0 +1,426 @@
+//! The parts of the OCI image spec (and Docker's schema 2, its ancestor) a
+//! pull reads: media types, descriptors, image indexes and manifests, and
+//! the `rootfs` of an image config.
+//!
+//! Structs are our own and strict where it matters: a field a pull relies on
+//! must be there with the right type, a digest must be a digest, and
+//! `schemaVersion` must be 2. Fields nobody reads here (annotations, history,
+//! the runtime config) are left to whoever consumes the raw JSON; the image
+//! assembler gets the bytes, not these structs. Parsing is pure: no I/O.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::digest::Digest;
+use crate::PullError;
+
+/// Media types cairn reads.
+pub mod media_type {
+    pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+    pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+    pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+    pub const OCI_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+    pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+    pub const OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+    pub const OCI_LAYER_NONDIST_TAR: &str =
+        "application/vnd.oci.image.layer.nondistributable.v1.tar";
+    pub const OCI_LAYER_NONDIST_GZIP: &str =
+        "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip";
+    pub const OCI_LAYER_NONDIST_ZSTD: &str =
+        "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd";
+    pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+    pub const DOCKER_MANIFEST_LIST: &str =
+        "application/vnd.docker.distribution.manifest.list.v2+json";
+    pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+    pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+    pub const DOCKER_LAYER_FOREIGN_GZIP: &str =
+        "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip";
+    pub const DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+json";
+    pub const DOCKER_SCHEMA1_SIGNED: &str =
+        "application/vnd.docker.distribution.manifest.v1+prettyjws";
+
+    /// What a manifest request accepts, most preferred first.
+    pub const MANIFEST_ACCEPT: [&str; 4] = [
+        OCI_INDEX,
+        OCI_MANIFEST,
+        DOCKER_MANIFEST_LIST,
+        DOCKER_MANIFEST,
+    ];
+}
+
+use media_type as mt;
+
+/// The largest manifest or index we read (the distribution spec lets
+/// registries refuse manifests over 4 MiB; so do we).
+pub const MAX_MANIFEST_SIZE: u64 = 4 << 20;
+
+/// The largest image config we read.
+pub const MAX_CONFIG_SIZE: u64 = 8 << 20;
+
+/// Most layers an image may have (docker's limit is 127; OCI has none, so
+/// allow headroom without allowing absurd counts).
+pub const MAX_LAYERS: usize = 1000;
+
+/// A content descriptor.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Descriptor {
+    #[serde(rename = "mediaType")]
+    pub media_type: String,
+    pub digest: String,
+    pub size: u64,
+    #[serde(default)]
+    pub urls: Vec<String>,
+    #[serde(default)]
+    pub platform: Option<Platform>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Descriptor {
+    /// The digest, validated.
+    pub fn digest(&self, what: &str) -> Result<Digest, PullError> {
+        Digest::parse(&self.digest).map_err(|detail| PullError::Invalid {
+            what: what.to_string(),
+            detail: format!("descriptor digest: {detail}"),
+        })
+    }
+}
+
+/// A platform as an index entry states it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Platform {
+    pub architecture: String,
+    pub os: String,
+    #[serde(rename = "os.version", default)]
+    pub os_version: Option<String>,
+    #[serde(default)]
+    pub variant: Option<String>,
+}
+
+/// An image index (OCI) or manifest list (Docker).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ImageIndex {
+    #[serde(rename = "schemaVersion")]
+    pub schema_version: u32,
+    pub manifests: Vec<Descriptor>,
+}
+
+/// An image manifest (OCI or Docker schema 2).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ImageManifest {
+    #[serde(rename = "schemaVersion")]
+    pub schema_version: u32,
+    pub config: Descriptor,
+    pub layers: Vec<Descriptor>,
+}
+
+/// A parsed manifest document: what `GET /v2/<name>/manifests/<ref>` serves.
+#[derive(Debug, Clone)]
+pub enum Manifest {
+    Index(ImageIndex),
+    Image(ImageManifest),
+}
+
+/// The one part of the image config a pull checks.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ImageConfig {
+    #[serde(default)]
+    pub architecture: Option<String>,
+    #[serde(default)]
+    pub os: Option<String>,
+    #[serde(default)]
+    pub variant: Option<String>,
+    pub rootfs: RootFs,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RootFs {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub diff_ids: Vec<String>,
+}
+
+/// How a layer blob is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+impl Compression {
+    /// The OCI media type for a layer compressed this way: what the layer
+    /// importer is handed, whichever spelling the manifest used.
+    pub fn oci_media_type(self) -> &'static str {
+        match self {
+            Compression::None => mt::OCI_LAYER_TAR,
+            Compression::Gzip => mt::OCI_LAYER_GZIP,
+            Compression::Zstd => mt::OCI_LAYER_ZSTD,
+        }
+    }
+}
+
+/// The compression of a layer of media type `media_type`, or an error for
+/// anything that is not a tar layer.
+pub fn layer_compression(media_type: &str, what: &str) -> Result<Compression, PullError> {
+    Ok(match media_type {
+        mt::OCI_LAYER_TAR | mt::OCI_LAYER_NONDIST_TAR => Compression::None,
+        mt::OCI_LAYER_GZIP
+        | mt::OCI_LAYER_NONDIST_GZIP
+        | mt::DOCKER_LAYER_GZIP
+        | mt::DOCKER_LAYER_FOREIGN_GZIP => Compression::Gzip,
+        mt::OCI_LAYER_ZSTD | mt::OCI_LAYER_NONDIST_ZSTD => Compression::Zstd,
+        other => {
+            return Err(PullError::UnsupportedMediaType {
+                what: what.to_string(),
+                media_type: other.to_string(),
+                hint: "layers must be tar, tar+gzip or tar+zstd".to_string(),
+            })
+        }
+    })
+}
+
+/// Media type parameters (`; charset=…`) are not part of the type.
+fn bare(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or("").trim()
+}
+
+fn invalid(what: &str, detail: impl Into<String>) -> PullError {
+    PullError::Invalid {
+        what: what.to_string(),
+        detail: detail.into(),
+    }
+}
+
+/// Parses a manifest document served with `content_type`. The media type is
+/// the document's own `mediaType` when it has one (the OCI spec asks for it),
+/// else the Content-Type; with neither, the shape decides. Schema 1 and
+/// unknown types are refused.
+pub fn parse_manifest(
+    bytes: &[u8],
+    content_type: Option<&str>,
+    what: &str,
+) -> Result<(String, Manifest), PullError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| invalid(what, format!("not JSON: {e}")))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| invalid(what, "not a JSON object"))?;
+    let schema = obj.get("schemaVersion").and_then(|v| v.as_u64());
+    let declared = match obj.get("mediaType") {
+        Some(serde_json::Value::String(s)) => Some(s.as_str()),
+        Some(_) => return Err(invalid(what, "mediaType is not a string")),
+        None => None,
+    };
+    let header = content_type.map(bare).filter(|s| !s.is_empty());
+    if schema == Some(1)
+        || [declared, header]
+            .iter()
+            .flatten()
+            .any(|t| *t == mt::DOCKER_SCHEMA1 || *t == mt::DOCKER_SCHEMA1_SIGNED)
+    {
+        return Err(PullError::Schema1 {
+            what: what.to_string(),
+        });
+    }
+    if schema != Some(2) {
+        return Err(invalid(
+            what,
+            format!(
+                "schemaVersion is {:?}, expected 2",
+                obj.get("schemaVersion")
+            ),
+        ));
+    }
+    let media_type = match (declared, header) {
+        (Some(d), _) => d.to_string(),
+        // Registries that know no better say application/json or octet-stream.
+        (None, Some(h)) if h.starts_with("application/vnd.") => h.to_string(),
+        _ if obj.contains_key("manifests") => mt::OCI_INDEX.to_string(),
+        _ if obj.contains_key("config") && obj.contains_key("layers") => {
+            mt::OCI_MANIFEST.to_string()
+        }
+        _ => {
+            return Err(invalid(
+                what,
+                "no mediaType, and neither an index nor a manifest by its fields",
+            ))
+        }
+    };
+    let manifest = match media_type.as_str() {
+        mt::OCI_INDEX | mt::DOCKER_MANIFEST_LIST => Manifest::Index(
+            serde_json::from_value(value).map_err(|e| invalid(what, e.to_string()))?,
+        ),
+        mt::OCI_MANIFEST | mt::DOCKER_MANIFEST => {
+            let m: ImageManifest = serde_json::from_value(value).map_err(|e| invalid(what, e.to_string()))?;
+            if m.layers.len() > MAX_LAYERS {
+                return Err(invalid(what, format!("{} layers (at most {MAX_LAYERS})", m.layers.len())));
+            }
+            Manifest::Image(m)
+        }
+        other => {
+            return Err(PullError::UnsupportedMediaType {
+                what: what.to_string(),
+                media_type: other.to_string(),
+                hint: "expected an OCI image index or manifest, or a Docker schema 2 manifest or manifest list"
+                    .to_string(),
+            })
+        }
+    };
+    Ok((media_type, manifest))
+}
+
+/// Checks that a config descriptor names an image config.
+pub fn check_config_media_type(media_type: &str, what: &str) -> Result<(), PullError> {
+    match media_type {
+        mt::OCI_CONFIG | mt::DOCKER_CONFIG => Ok(()),
+        other => Err(PullError::UnsupportedMediaType {
+            what: what.to_string(),
+            media_type: other.to_string(),
+            hint:
+                "not a container image (an OCI artifact?): expected an OCI or Docker image config"
+                    .to_string(),
+        }),
+    }
+}
+
+/// Parses an image config and checks its `rootfs` against the manifest's
+/// layer count.
+pub fn parse_config(bytes: &[u8], layers: usize, what: &str) -> Result<ImageConfig, PullError> {
+    let config: ImageConfig =
+        serde_json::from_slice(bytes).map_err(|e| invalid(what, e.to_string()))?;
+    if config.rootfs.kind != "layers" {
+        return Err(invalid(
+            what,
+            format!(
+                "rootfs.type is {:?}, expected \"layers\"",
+                config.rootfs.kind
+            ),
+        ));
+    }
+    if config.rootfs.diff_ids.len() != layers {
+        return Err(invalid(
+            what,
+            format!(
+                "rootfs.diff_ids has {} entries but the manifest has {layers} layers",
+                config.rootfs.diff_ids.len()
+            ),
+        ));
+    }
+    for d in &config.rootfs.diff_ids {
+        Digest::parse(d).map_err(|e| invalid(what, format!("rootfs.diff_ids: {e}")))?;
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn manifest(media_type: &str) -> String {
+        format!(
+            r#"{{"schemaVersion":2,"mediaType":"{media_type}",
+               "config":{{"mediaType":"{}","digest":"{D}","size":2}},
+               "layers":[{{"mediaType":"{}","digest":"{D}","size":3}}]}}"#,
+            mt::OCI_CONFIG,
+            mt::OCI_LAYER_GZIP
+        )
+    }
+
+    #[test]
+    fn manifests_by_media_type() {
+        let (t, m) = parse_manifest(manifest(mt::OCI_MANIFEST).as_bytes(), None, "m").unwrap();
+        assert_eq!(t, mt::OCI_MANIFEST);
+        assert!(matches!(m, Manifest::Image(ref i) if i.layers.len() == 1));
+        let (t, _) = parse_manifest(
+            manifest(mt::DOCKER_MANIFEST).as_bytes(),
+            Some("text/plain"),
+            "m",
+        )
+        .unwrap();
+        assert_eq!(t, mt::DOCKER_MANIFEST);
+        // No mediaType in the body: the header decides, then the shape.
+        let body = manifest(mt::OCI_MANIFEST)
+            .replace(&format!(r#""mediaType":"{}","#, mt::OCI_MANIFEST), "");
+        let (t, _) = parse_manifest(
+            body.as_bytes(),
+            Some(&format!("{}; charset=utf-8", mt::DOCKER_MANIFEST)),
+            "m",
+        )
+        .unwrap();
+        assert_eq!(t, mt::DOCKER_MANIFEST);
+        let (t, _) = parse_manifest(body.as_bytes(), Some("application/json"), "m").unwrap();
+        assert_eq!(t, mt::OCI_MANIFEST);
+        let idx = format!(
+            r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"{}","digest":"{D}","size":1}}]}}"#,
+            mt::OCI_MANIFEST
+        );
+        let (t, m) = parse_manifest(idx.as_bytes(), None, "m").unwrap();
+        assert_eq!(t, mt::OCI_INDEX);
+        assert!(matches!(m, Manifest::Index(ref i) if i.manifests.len() == 1));
+    }
+
+    #[test]
+    fn refuses_schema1_unknown_and_malformed() {
+        let e =
+            parse_manifest(br#"{"schemaVersion":1,"name":"x"}"#, None, "manifest x").unwrap_err();
+        assert!(e.to_string().contains("schema 1"), "{e}");
+        let e = parse_manifest(
+            manifest("application/vnd.example+json").as_bytes(),
+            None,
+            "manifest x",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("unsupported media type \"application/vnd.example+json\""),
+            "{e}"
+        );
+        for bad in [
+            &b"not json"[..],
+            b"[]",
+            br#"{"schemaVersion":3}"#,
+            br#"{"schemaVersion":2,"mediaType":7}"#,
+            br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","layers":[]}"#,
+            br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"x","digest":"d","size":-1},"layers":[]}"#,
+        ] {
+            assert!(parse_manifest(bad, None, "m").is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn layer_types() {
+        assert_eq!(
+            layer_compression(mt::DOCKER_LAYER_GZIP, "l").unwrap(),
+            Compression::Gzip
+        );
+        assert_eq!(
+            layer_compression(mt::OCI_LAYER_ZSTD, "l").unwrap(),
+            Compression::Zstd
+        );
+        assert_eq!(
+            layer_compression(mt::OCI_LAYER_TAR, "l").unwrap(),
+            Compression::None
+        );
+        assert!(layer_compression("application/vnd.oci.image.layer.v1.tar+bzip2", "l").is_err());
+    }
+
+    #[test]
+    fn config_rootfs_checked() {
+        let c = format!(
+            r#"{{"architecture":"amd64","os":"linux","rootfs":{{"type":"layers","diff_ids":["{D}"]}}}}"#
+        );
+        assert!(parse_config(c.as_bytes(), 1, "c").is_ok());
+        let e = parse_config(c.as_bytes(), 2, "c").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("rootfs.diff_ids has 1 entries but the manifest has 2 layers"),
+            "{e}"
+        );
+        assert!(parse_config(br#"{"rootfs":{"type":"layers","diff_ids":["x"]}}"#, 1, "c").is_err());
+        assert!(parse_config(br#"{"rootfs":{"type":"other","diff_ids":[]}}"#, 0, "c").is_err());
+    }
+}
