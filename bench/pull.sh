@@ -294,7 +294,10 @@ sort -u "$run/base.layers" "$run/full.layers" "$run/other.layers" >"$run/distinc
 while read -r d; do
   mkdir -p "$check/snap/$d"
   for tag in full other; do
-    if curl -sf "http://$reg/v2/bench/$tag/blobs/$d" | gzip -dc | tar -x --numeric-owner -C "$check/snap/$d" 2>/dev/null; then break; fi
+    if curl -sfI "http://$reg/v2/bench/$tag/blobs/$d" >/dev/null; then
+      curl -sf "http://$reg/v2/bench/$tag/blobs/$d" | gzip -dc | tar -x --numeric-owner -C "$check/snap/$d"
+      break
+    fi
   done
 done <"$run/distinct.layers"
 snap_bytes=$(du_bytes "$check/snap")

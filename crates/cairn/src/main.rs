@@ -13,7 +13,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
+mod import;
 mod mkfs;
+mod pull;
+mod store_cmds;
 
 /// cairn turns container images into root filesystems that mount in milliseconds.
 #[derive(Parser, Debug)]
@@ -52,11 +55,13 @@ enum Command {
     Mkfs(mkfs::MkfsArgs),
     /// Print an image as a composefs dumpfile.
     Dump {
-        /// The EROFS image file.
-        image: PathBuf,
+        /// The image: a name, a digest (or a prefix of at least 12 digits), or an image file (./NAME for a file named like an image).
+        image: String,
     },
     /// Mount an image: EROFS metadata over the store's objects, via overlayfs.
     Mount(MountArgs),
+    /// Pull an image from a registry into the store.
+    Pull(pull::PullArgs),
     /// Show which kernel features cairn uses are present on this machine.
     Probe,
     /// Unmount what `cairn mount` mounted.
@@ -67,12 +72,18 @@ enum Command {
         #[arg(long)]
         lazy: bool,
     },
+    /// Import an image: oci-layout:PATH[:TAG], docker-archive:PATH, or dir:PATH.
+    Import(import::ImportArgs),
+    /// Write an image out as an OCI image layout (one regenerated layer).
+    Export(import::ExportArgs),
+    #[command(flatten)]
+    Store(store_cmds::StoreCommand),
 }
 
 #[derive(Args, Debug)]
 struct MountArgs {
-    /// The EROFS image file.
-    image: PathBuf,
+    /// The image: a name, a digest (or a prefix of at least 12 digits), or an image file (copied into the store's images/ first).
+    image: String,
     /// Where to mount it.
     mountpoint: PathBuf,
     /// Writable layer: none (read-only), tmpfs[:SIZE] (e.g. tmpfs:512M), or a host directory.
@@ -194,13 +205,17 @@ fn run(cli: Cli) -> Result<()> {
     let g = &cli.global;
     match cli.command {
         Command::Mkfs(args) => mkfs::run(g, &args),
-        Command::Dump { image } => dump(&image),
+        Command::Dump { image } => dump(g, &image),
+        Command::Pull(args) => pull::run(g, &args),
         Command::Probe => probe(g),
         Command::Mount(args) => mount(g, &args),
         Command::Umount { mountpoint, lazy } => {
             cairn_mount::umount_with(&mountpoint, cairn_mount::UmountOptions { lazy })
                 .with_context(|| format!("unmounting {}", mountpoint.display()))
         }
+        Command::Store(cmd) => store_cmds::run(g, cmd),
+        Command::Import(args) => import::import(g, &args),
+        Command::Export(args) => import::export(g, &args),
     }
 }
 
@@ -232,7 +247,9 @@ fn read_image_file(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading image {}", path.display()))
 }
 
-fn dump(image: &Path) -> Result<()> {
+fn dump(g: &Global, arg: &str) -> Result<()> {
+    let resolved = store_cmds::resolve_for_reading(g, arg)?;
+    let image = resolved.path.as_path();
     let data = read_image_file(image)?;
     let tree = cairn_erofs::reader::read_image(&data)
         .with_context(|| format!("reading image {}", image.display()))?;
@@ -255,15 +272,13 @@ struct MountReport {
 fn mount(g: &Global, args: &MountArgs) -> Result<()> {
     let store = cairn_store::Store::open(&g.root)
         .with_context(|| format!("opening the store at {}", g.root.display()))?;
-    let image = args
-        .image
-        .canonicalize()
-        .with_context(|| format!("image {}", args.image.display()))?;
-    // Fail early, with the reader's message, on a file that is not an image.
-    let head = read_image_file(&image)?;
-    cairn_erofs::reader::read_header(&head)
-        .with_context(|| format!("image {}", image.display()))?;
-    drop(head);
+    // Held until the mount is attached (and so in the mount table, where gc
+    // looks for live mounts): gc cannot remove the image in between.
+    let _lock = store.lock_shared().context("locking the store")?;
+    // A file is checked and copied into images/, so the mount's source
+    // names the store's image and gc sees what it uses.
+    let (digest, _) = store_cmds::resolve_into_store(&store, &args.image)?;
+    let image = store.image_path(&digest);
     let objects = store.objects_dir();
     let opts = cairn_mount::MountOptions {
         image: &image,

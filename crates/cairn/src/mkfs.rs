@@ -16,8 +16,9 @@ use crate::{output, Global};
 pub struct MkfsArgs {
     /// A directory, or with --from-dump a composefs dumpfile ('-' for stdin).
     pub source: PathBuf,
-    /// The image file to write.
-    pub image: PathBuf,
+    /// The image file to write (optional with --name: the image is then only in the store).
+    #[arg(required_unless_present = "name")]
+    pub image: Option<PathBuf>,
     /// SOURCE is a composefs dumpfile.
     #[arg(long)]
     pub from_dump: bool,
@@ -27,6 +28,9 @@ pub struct MkfsArgs {
     /// Also copy file contents into the store's objects/ (reflinked where possible).
     #[arg(long, conflicts_with = "from_dump")]
     pub store: bool,
+    /// Also put the image into the store (images/) under this name (any image name, e.g. mytree:1); needs --store.
+    #[arg(long, requires = "store")]
+    pub name: Option<String>,
     /// Write exactly this composefs format version (default: 0, or 1 where the tree has whiteouts).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=1))]
     pub format_version: Option<u32>,
@@ -36,11 +40,22 @@ pub struct MkfsArgs {
     /// Leave extended attributes out.
     #[arg(long, conflicts_with = "from_dump")]
     pub skip_xattrs: bool,
+    /// Threads reading and hashing files (0: four per core, since
+    /// reading a cold tree waits on the disk more than it computes).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        conflicts_with = "from_dump"
+    )]
+    pub threads: usize,
 }
 
 #[derive(Serialize)]
 struct MkfsReport {
     image: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
     sha256: String,
     bytes: u64,
     inodes: u64,
@@ -70,6 +85,18 @@ impl<W: Write> Write for HashingWriter<W> {
 pub fn run(g: &Global, args: &MkfsArgs) -> Result<()> {
     let start = Instant::now();
     let mut stored = None;
+    let ref_name = match &args.name {
+        Some(name) => {
+            let r = cairn_store::ref_name_for(name);
+            cairn_store::validate_ref_name(&r).with_context(|| format!("name {name:?}"))?;
+            Some(r)
+        }
+        None => None,
+    };
+    let mut store = None;
+    // Writers hold the store lock shared from their first object to the
+    // ref that makes the image reachable, so gc never takes half of it.
+    let mut _lock = None;
     let tree = if args.from_dump {
         let opts = cairn_erofs::dump::ParseOptions {
             strict: !args.lenient,
@@ -83,19 +110,17 @@ pub fn run(g: &Global, args: &MkfsArgs) -> Result<()> {
         };
         parsed.with_context(|| format!("dumpfile {}", args.source.display()))?
     } else {
-        let store = if args.store {
-            Some(
-                cairn_store::Store::open(&g.root)
-                    .with_context(|| format!("opening the store at {}", g.root.display()))?,
-            )
-        } else {
-            None
-        };
+        if args.store {
+            let s = cairn_store::Store::open(&g.root)
+                .with_context(|| format!("opening the store at {}", g.root.display()))?;
+            _lock = Some(s.lock_shared().context("locking the store")?);
+            store = Some(s);
+        }
         let opts = cairn_image::ScanOptions {
             store: store.as_ref(),
             inline_threshold: args.inline_threshold,
             skip_xattrs: args.skip_xattrs,
-            threads: 0,
+            threads: args.threads,
         };
         let (tree, stats) = cairn_image::scan_dir(&args.source, &opts)
             .with_context(|| format!("reading directory {}", args.source.display()))?;
@@ -108,11 +133,45 @@ pub fn run(g: &Global, args: &MkfsArgs) -> Result<()> {
         Some(v) => cairn_erofs::writer::WriteOptions::pinned(v),
         None => cairn_erofs::writer::WriteOptions::default(),
     };
-    let (info, sha256) = write_image_atomically(&args.image, |w| {
-        cairn_erofs::writer::mkfs_erofs(&tree, &wopts, w).map_err(anyhow::Error::from)
-    })?;
+    let write = |w: &mut dyn Write| {
+        cairn_erofs::writer::mkfs_erofs(&tree, &wopts, &mut &mut *w).map_err(anyhow::Error::from)
+    };
+    let (info, sha256, image) = match (&args.image, &store) {
+        (Some(path), _) => {
+            let (info, sha256) = write_image_atomically(path, |w| write(w))?;
+            (info, sha256, path.clone())
+        }
+        (None, Some(store)) => {
+            let mut w = BufWriter::with_capacity(1 << 20, store.image_writer()?);
+            let info = write(&mut w).context("writing image into the store")?;
+            let writer = w
+                .into_inner()
+                .map_err(|e| e.into_error())
+                .context("writing image into the store")?;
+            let digest = writer.commit().context("adding the image to the store")?;
+            let path = store.image_path(&digest);
+            (info, digest, path)
+        }
+        (None, None) => bail!("no image path and no --name"),
+    };
+    if let (Some(store), Some(ref_name)) = (&store, &ref_name) {
+        let digest = if args.image.is_some() {
+            store
+                .add_image(&image)
+                .with_context(|| format!("copying image {} into the store", image.display()))?
+        } else {
+            sha256.clone()
+        };
+        store.set_ref(ref_name, &digest).with_context(|| {
+            format!(
+                "naming image {digest} {:?}",
+                args.name.as_deref().unwrap_or("")
+            )
+        })?;
+    }
     let report = MkfsReport {
-        image: args.image.clone(),
+        image,
+        name: args.name.clone(),
         sha256,
         bytes: info.size,
         inodes: info.inodes,

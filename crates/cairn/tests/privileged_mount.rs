@@ -52,14 +52,13 @@ fn fixture() -> Fixture {
 #[test]
 fn privileged_mount_shows_the_tree_exactly() {
     let f = fixture();
-    let before = mountinfo();
-    let loops = loop_devices_in_use();
+    let before = mounts_under(&f.base);
     let target = f.base.join("mnt");
     {
         let _m = mount(&f.store, &f.image, &target, &[]);
         assert_eq!(
-            loop_devices_in_use(),
-            loops,
+            loop_devices_backed_under(&f.base),
+            0,
             "the EROFS image must be mounted without a loop device"
         );
         let differences = diff(&snapshot(&f.tree), &snapshot(&target));
@@ -86,7 +85,7 @@ fn privileged_mount_shows_the_tree_exactly() {
         );
     }
     assert_eq!(
-        mountinfo(),
+        mounts_under(&f.base),
         before,
         "umount must leave the mount table as it was"
     );
@@ -237,12 +236,12 @@ fn privileged_tmpfs_upper_takes_writes_and_spares_the_store() {
     let before = objects_fingerprint(&f.store);
     let image_before = fs::read(&f.image).unwrap();
     let target = f.base.join("mnt-tmpfs");
-    let table = mountinfo();
+    let table = mounts_under(&f.base);
     {
         let _m = mount(&f.store, &f.image, &target, &["--upper", "tmpfs:256M"]);
         exercise_writes(&target);
     }
-    assert_eq!(mountinfo(), table);
+    assert_eq!(mounts_under(&f.base), table);
     assert_eq!(
         objects_fingerprint(&f.store),
         before,
@@ -305,7 +304,7 @@ fn privileged_bad_image_fails_cleanly() {
     fs::write(&bad, vec![0x5a; 8192]).unwrap();
     let target = dir.path().join("mnt");
     fs::create_dir(&target).unwrap();
-    let before = mountinfo();
+    let before = mounts_under(dir.path());
     let out = cairn_raw(&store, &[os("mount"), bad.as_os_str(), target.as_os_str()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -313,5 +312,5 @@ fn privileged_bad_image_fails_cleanly() {
         err.contains("bad.img") && err.contains("not an EROFS image"),
         "{err}"
     );
-    assert_eq!(mountinfo(), before);
+    assert_eq!(mounts_under(dir.path()), before);
 }

@@ -65,11 +65,14 @@ pub fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
 
-/// The mount table, one line per mount (for before/after comparisons).
-pub fn mountinfo() -> BTreeSet<String> {
+/// The mounts whose mount point or source lies under `under` (tests run in
+/// parallel, so only a test's own directory tells what it left behind).
+pub fn mounts_under(under: &Path) -> BTreeSet<String> {
+    let under = under.to_string_lossy().into_owned();
     fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
+        .filter(|l| l.contains(&under))
         .map(|l| {
             // Drop the mount id and parent id: they change with every mount.
             l.split(' ').skip(2).collect::<Vec<_>>().join(" ")
@@ -77,12 +80,15 @@ pub fn mountinfo() -> BTreeSet<String> {
         .collect()
 }
 
-pub fn loop_devices_in_use() -> usize {
+/// Loop devices whose backing file lies under `under`.
+pub fn loop_devices_backed_under(under: &Path) -> usize {
+    let under = under.to_string_lossy().into_owned();
     fs::read_dir("/sys/block")
         .map(|rd| {
             rd.filter_map(|e| e.ok())
                 .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
-                .filter(|e| e.path().join("loop/backing_file").exists())
+                .filter_map(|e| fs::read_to_string(e.path().join("loop/backing_file")).ok())
+                .filter(|b| b.contains(&under))
                 .count()
         })
         .unwrap_or(0)
