@@ -238,6 +238,16 @@ fn probe(g: &Global) -> Result<()> {
     output(g, &rows, |_| features.to_string())
 }
 
+/// The first block of an image file: composefs header and superblock.
+pub(crate) fn read_image_head(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(4096);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(4096).read_to_end(&mut head))
+        .with_context(|| format!("reading image {}", path.display()))?;
+    Ok(head)
+}
+
 fn read_image_file(path: &Path) -> Result<Vec<u8>> {
     let meta =
         std::fs::metadata(path).with_context(|| format!("opening image {}", path.display()))?;

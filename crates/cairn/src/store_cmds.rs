@@ -112,13 +112,26 @@ pub(crate) fn resolve_into_store(store: &Store, arg: &str) -> Result<(String, Re
         return Ok((digest.clone(), resolved));
     }
     let path = &resolved.path;
-    let data = crate::read_image_file(path)?;
-    cairn_erofs::reader::read_header(&data).with_context(|| format!("image {}", path.display()))?;
-    drop(data);
+    let head = crate::read_image_head(path)?;
+    cairn_erofs::reader::read_header(&head).with_context(|| format!("image {}", path.display()))?;
+    // Hash first: an image already in the store is not copied again.
+    let digest = sha256_file(path)?;
+    if store.has_image(&digest) {
+        return Ok((digest, resolved));
+    }
     let digest = store
         .add_image(path)
         .with_context(|| format!("copying image {} into the store", path.display()))?;
     Ok((digest, resolved))
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("opening image {}", path.display()))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).with_context(|| format!("reading image {}", path.display()))?;
+    Ok(hex::encode(h.finalize()))
 }
 
 /// A ref name shown as the image name it stands for.

@@ -263,6 +263,12 @@ fn mount_erofs(image: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, 
     let run = || {
         let ctx = FsContext::open("erofs")?;
         ctx.set_string("source", image)?;
+        // Default options otherwise: user_xattr and acl must stay (the image
+        // carries user xattrs and POSIX ACLs; noacl would hide them, and was
+        // no faster for `ls -lR` anyway); cache_strategy is for compressed
+        // images only; directio (file-backed data reads) made no difference:
+        // a composefs image holds metadata only (ls-lR-analysis.md in
+        // bench/results).
         ctx.set_flag("ro")?;
         let fd = ctx.create_and_mount(MountAttrFlags::MOUNT_ATTR_RDONLY)?;
         idmap(&fd, userns)?;
@@ -444,6 +450,23 @@ fn mount_overlay(
         } else {
             ctx.set_string("lowerdir", format!("{meta}::{data}"))?;
         }
+        // Both required by the composefs format: every regular file in the
+        // image is a metadata-only copy (trusted.overlay.metacopy) whose data
+        // overlayfs finds by following trusted.overlay.redirect=/ab/cdef…
+        // into the data-only layer. Without an upper layer the kernel turns
+        // redirect_dir=follow into =on (mountinfo shows =on for both; the
+        // same ls -lR time), so =on serves the read-only and writable stacks.
+        //
+        // Nothing else is set on purpose. Measured on an 84k-entry tree
+        // (bench/results/ls-lR-analysis.md), none of these changed `ls -lR`
+        // cold or warm beyond ±1.5%: xino=on/auto (the kernel counts the
+        // layers as one filesystem and ignores it; mountinfo shows no xino),
+        // uuid=null (uuid=off falls back to it with a warning), index=off
+        // (the default without an upper). Leaving out `ro` gives the same
+        // mount (no upper: read-only anyway). userxattr is refused with
+        // metacopy/redirect_dir (composefs uses trusted.overlay.*). The cost
+        // over plain EROFS is overlayfs' own per-entry work (lookup, getattr,
+        // getxattr through a second inode/dentry), which no option changes.
         ctx.set_string("redirect_dir", "on")?;
         ctx.set_string("metacopy", "on")?;
         if opts.verity == VerityMode::Require {
