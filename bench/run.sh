@@ -202,7 +202,8 @@ timed_in_memcg() {
   rmdir "$cg"
 }
 
-lsr() { LC_ALL=C ls -lR "$1" >/dev/null; }
+# Both sides list a relative "." from inside the tree, so path lengths match.
+lsr() { (cd "$1" && LC_ALL=C ls -lR . >/dev/null); }
 
 # ---------------------------------------------------------------- description
 say "tree $tree; scratch $run_dir; $runs runs"
@@ -237,7 +238,7 @@ if phase mkfs; then
     mkdir -p "$d"
     sync
     now; t0=$t
-    "$cairn" -q --root "$d/store" mkfs --store "$tree" "$d/cairn.img"
+    "$cairn" -q --root "$d/store" mkfs --store --name bench "$tree" "$d/cairn.img"
     now; t1=$t
     sync
     now
@@ -257,7 +258,7 @@ if phase mkfs; then
   done
 else
   mkdir -p "$run_dir/mkfs-1"
-  "$cairn" -q --root "$store" mkfs --store "$tree" "$image"
+  "$cairn" -q --root "$store" mkfs --store --name bench "$tree" "$image"
 fi
 meta image_sizes "cairn image $(mib "$(stat -c %s "$image")") + store objects $(mib "$(dir_bytes "$store/objects")")${erofs_size:+; mkfs.erofs image $(mib "$erofs_size")}"
 
@@ -268,12 +269,12 @@ if phase mount; then
   mkdir -p "$mnt" "$empty"
   mounts_and_loops >"$run_dir/mounts.before"
   # One untimed cycle each first.
-  "$cairn" --root "$store" mount "$image" "$mnt" && "$cairn" umount "$mnt"
+  "$cairn" --root "$store" mount bench "$mnt" && "$cairn" umount "$mnt"
   mount -t overlay overlay -o "ro,lowerdir=$tree:$empty" "$mnt" && umount "$mnt"
   for i in $(seq 1 "$runs"); do
     now; t0=$t
     for _ in $(seq 1 "$cycles"); do
-      "$cairn" --root "$store" mount "$image" "$mnt"
+      "$cairn" --root "$store" mount bench "$mnt"
       "$cairn" umount "$mnt"
     done
     now
@@ -297,7 +298,7 @@ fi
 # ---------------------------------------------------------------- the mounted tree
 mnt=$run_dir/mnt
 mkdir -p "$mnt"
-"$cairn" --root "$store" mount "$image" "$mnt"
+"$cairn" --root "$store" mount bench "$mnt"
 m_entries=$(find "$mnt" | wc -l)
 [ "$m_entries" -eq "$n_entries" ] || die "the mount shows $m_entries entries, the tree $n_entries"
 
@@ -305,9 +306,11 @@ if phase ls; then
   memcg_setup
   for i in $(seq 1 "$runs"); do
     drop_caches
-    timed_in_memcg cairn ls_cold env LC_ALL=C ls -lR "$mnt"
+    # shellcheck disable=SC2016 # $1 is expanded by the inner sh
+    timed_in_memcg cairn ls_cold sh -c 'cd "$1" && LC_ALL=C exec ls -lR .' _ "$mnt"
     drop_caches
-    timed_in_memcg base ls_cold env LC_ALL=C ls -lR "$tree"
+    # shellcheck disable=SC2016 # $1 is expanded by the inner sh
+    timed_in_memcg base ls_cold sh -c 'cd "$1" && LC_ALL=C exec ls -lR .' _ "$tree"
   done
   lsr "$mnt"
   lsr "$tree"

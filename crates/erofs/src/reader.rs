@@ -82,9 +82,10 @@ pub fn read_image(data: &[u8]) -> Result<Tree, ReadError> {
     read_image_with(data, &ReadOptions::default())
 }
 
-/// Reads only the header and superblock.
+/// Reads only the composefs header and the superblock; `data` may be just
+/// the first block of the image (the rest is not looked at).
 pub fn read_header(data: &[u8]) -> Result<ImageHeader, ReadError> {
-    Image::open(data, &ReadOptions::default()).map(|i| i.header)
+    Image::parse_super(data, &ReadOptions::default()).map(|i| i.header)
 }
 
 /// Reads the image held in `data`.
@@ -135,6 +136,19 @@ fn corrupt(nid: u64, reason: impl Into<String>) -> ReadError {
 
 impl<'a> Image<'a> {
     fn open(data: &'a [u8], opts: &ReadOptions) -> Result<Image<'a>, ReadError> {
+        let img = Image::parse_super(data, opts)?;
+        let len = data.len() as u64;
+        if img.meta_base >= len || img.xattr_base > len {
+            return Err(ReadError::Corrupt(format!(
+                "metadata at byte {} or shared xattrs at byte {} lie outside the {len}-byte image",
+                img.meta_base, img.xattr_base
+            )));
+        }
+        Ok(img)
+    }
+
+    /// Header and superblock only, without checking where they point.
+    fn parse_super(data: &'a [u8], opts: &ReadOptions) -> Result<Image<'a>, ReadError> {
         let len = data.len() as u64;
         if len > opts.max_image_size {
             return Err(ReadError::TooLarge {
@@ -186,13 +200,6 @@ impl<'a> Image<'a> {
         }
         let meta_base = u64::from(sb.meta_blkaddr.get()) * BLKSIZ;
         let xattr_base = u64::from(sb.xattr_blkaddr.get()) * BLKSIZ;
-        if meta_base >= len || xattr_base > len {
-            return Err(ReadError::Corrupt(format!(
-                "metadata block {} or xattr block {} lies outside the {len}-byte image",
-                sb.meta_blkaddr.get(),
-                sb.xattr_blkaddr.get()
-            )));
-        }
         Ok(Image {
             data,
             header: ImageHeader {
@@ -629,6 +636,33 @@ impl<'a> Image<'a> {
             _ => {}
         }
         Ok(inode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{Inode, Tree, S_IFDIR, S_IFREG};
+    use crate::writer::{mkfs_erofs_to_vec, WriteOptions};
+
+    #[test]
+    fn header_reads_from_the_first_block_alone() {
+        let mut root = Inode::new(S_IFDIR | 0o755).unwrap();
+        root.mtime.sec = 1;
+        let mut tree = Tree::new(root).unwrap();
+        let mut f = Inode::new(S_IFREG | 0o644).unwrap();
+        f.size = 1 << 30;
+        let id = tree.push(f);
+        tree.add_child(crate::ROOT, b"big", id, false).unwrap();
+        let image = mkfs_erofs_to_vec(&tree, &WriteOptions::default()).unwrap();
+        assert!(image.len() > 4096);
+        let h = read_header(&image[..4096]).unwrap();
+        assert_eq!(h.composefs_version, Some(0));
+        assert_eq!(h.inodes, 258);
+        assert!(matches!(
+            read_image(&image[..4096]),
+            Err(ReadError::Corrupt(_))
+        ));
     }
 }
 
