@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what cairn needs on a Debian 12 machine, builds it, and shows it
-# working (scripts/demo.sh). Safe to run again: it installs only what is
-# missing and the demo cleans up after itself.
+# working (scripts/demo.sh). Also puts the built-in `demo` image (busybox)
+# into the store. Safe to run again: it installs only what is missing, the
+# demo image is reproducible and the demo cleans up after itself.
 #
-#   sudo ./setup.sh             install + build + demo
-#   sudo ./setup.sh --no-demo   install + build (what .ci/run uses)
+#   sudo ./setup.sh             install + build + demo image + demo
+#   sudo ./setup.sh --no-demo   install + build + demo image (what .ci/run uses)
 set -euo pipefail
 
 cd "$(dirname "$(readlink -f "$0")")"
@@ -22,6 +23,7 @@ PACKAGES=(
   busybox-static    # a static userland for test images
   fio               # read benchmarks
   btrfs-progs       # reflink tests on a loop-mounted btrfs
+  systemd-container # systemd-nspawn: a baseline of bench/run3.sh
   uidmap            # newuidmap/newgidmap for user-namespace tests
   attr acl          # getfattr/setfattr, getfacl/setfacl
   e2fsprogs         # chattr (benchmarks)
@@ -37,7 +39,7 @@ for arg in "$@"; do
   case "$arg" in
     --no-demo) demo=0 ;;
     -h | --help)
-      sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -110,6 +112,11 @@ fi
 step "Build (cargo build --release)"
 cargo build --release
 echo "built $(pwd)/target/release/cairn"
+
+# The built-in demo image (`cairn run demo -- echo hello`), in both modes:
+# tests and CI use it too. Reproducible, so running setup again changes nothing.
+step "Demo image (busybox-static -> image 'demo' in ${CAIRN_ROOT:-/var/lib/cairn})"
+scripts/make-demo-image.sh target/release/cairn
 
 if [ "$demo" -eq 1 ]; then
   step "Demo"
