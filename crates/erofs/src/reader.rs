@@ -639,33 +639,6 @@ impl<'a> Image<'a> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tree::{Inode, Tree, S_IFDIR, S_IFREG};
-    use crate::writer::{mkfs_erofs_to_vec, WriteOptions};
-
-    #[test]
-    fn header_reads_from_the_first_block_alone() {
-        let mut root = Inode::new(S_IFDIR | 0o755).unwrap();
-        root.mtime.sec = 1;
-        let mut tree = Tree::new(root).unwrap();
-        let mut f = Inode::new(S_IFREG | 0o644).unwrap();
-        f.size = 1 << 30;
-        let id = tree.push(f);
-        tree.add_child(crate::ROOT, b"big", id, false).unwrap();
-        let image = mkfs_erofs_to_vec(&tree, &WriteOptions::default()).unwrap();
-        assert!(image.len() > 4096);
-        let h = read_header(&image[..4096]).unwrap();
-        assert_eq!(h.composefs_version, Some(0));
-        assert_eq!(h.inodes, 258);
-        assert!(matches!(
-            read_image(&image[..4096]),
-            Err(ReadError::Corrupt(_))
-        ));
-    }
-}
-
 /// Removes the whiteout markers the writer put on directories that hold
 /// whiteouts (they come back when the tree is written again).
 fn strip_dir_markers(tree: &mut Tree) {
@@ -717,4 +690,31 @@ fn parse_xattr_entry(b: &[u8]) -> Result<(Xattr, u64), String> {
     }
     let used = (hdr + name_len + value_len).div_ceil(4) * 4;
     Ok(((name, value.to_vec()), used as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{Inode, Tree, S_IFDIR, S_IFREG};
+    use crate::writer::{mkfs_erofs_to_vec, WriteOptions};
+
+    #[test]
+    fn header_reads_from_the_first_block_alone() {
+        let mut root = Inode::new(S_IFDIR | 0o755).unwrap();
+        root.mtime.sec = 1;
+        let mut tree = Tree::new(root).unwrap();
+        let mut f = Inode::new(S_IFREG | 0o644).unwrap();
+        f.size = 1 << 30;
+        let id = tree.push(f);
+        tree.add_child(crate::ROOT, b"big", id, false).unwrap();
+        let image = mkfs_erofs_to_vec(&tree, &WriteOptions::default()).unwrap();
+        assert!(image.len() > 4096);
+        let h = read_header(&image[..4096]).unwrap();
+        assert_eq!(h.composefs_version, Some(0));
+        assert_eq!(h.inodes, 258);
+        assert!(matches!(
+            read_image(&image[..4096]),
+            Err(ReadError::Corrupt(_))
+        ));
+    }
 }
