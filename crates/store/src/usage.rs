@@ -190,10 +190,14 @@ impl Store {
                 logical_bytes: 0,
                 regular_files: 0,
                 inodes: 0,
+                // One path once: a mount namespace made while the image was
+                // mounted holds a copy of the same mount point.
                 mounts: live
                     .iter()
                     .filter(|m| &m.digest == digest)
                     .map(|m| m.mount_point.clone())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
                     .collect(),
                 error: None,
             };
