@@ -16,6 +16,7 @@ use serde::Serialize;
 mod import;
 mod mkfs;
 mod pull;
+mod run_cmds;
 mod store_cmds;
 
 /// cairn turns container images into root filesystems that mount in milliseconds.
@@ -78,6 +79,8 @@ enum Command {
     Export(import::ExportArgs),
     #[command(flatten)]
     Store(store_cmds::StoreCommand),
+    #[command(flatten)]
+    Containers(run_cmds::RunCommand),
 }
 
 #[derive(Args, Debug)]
@@ -190,7 +193,7 @@ pub(crate) fn output<T: Serialize>(
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(run_cmds::rewrite_volume_flags(std::env::args_os()));
     init_logging(&cli.global);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -214,6 +217,7 @@ fn run(cli: Cli) -> Result<()> {
                 .with_context(|| format!("unmounting {}", mountpoint.display()))
         }
         Command::Store(cmd) => store_cmds::run(g, cmd),
+        Command::Containers(cmd) => run_cmds::run(g, cmd),
         Command::Import(args) => import::import(g, &args),
         Command::Export(args) => import::export(g, &args),
     }

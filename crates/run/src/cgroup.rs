@@ -1,0 +1,368 @@
+//! Cgroups for containers, on whatever layout the host has.
+//!
+//! - **Unified** (pure cgroup2): crun does its normal work with
+//!   `--cgroup-manager cgroupfs` and `linux.cgroupsPath = /cairn/<id>`;
+//!   limits go into `linux.resources`.
+//! - **Legacy** (cgroup v1 only): the same; crun applies the limits
+//!   through the v1 controllers.
+//! - **Hybrid** (v1 controllers plus an almost empty cgroup2 at
+//!   `/sys/fs/cgroup/unified`), which crun 1.8 refuses. cairn makes a
+//!   cgroup2 group `unified/<own>/cairn/<id>`, moves crun into it, and runs
+//!   crun in a new cgroup and mount namespace with cgroup2 mounted on
+//!   `/sys/fs/cgroup`: crun sees a pure cgroup2 host whose root is that
+//!   group and puts the container in `<id>/<id>` below it. Limits cannot go
+//!   through crun there (the controllers are on v1, and its cgroup2 device
+//!   filter needs `CAP_SYS_RESOURCE`), so `--memory`, `--cpus` and
+//!   `--pids-limit` are written into v1 groups `<memory|cpu|pids mount>/
+//!   <own>/cairn/<id>` that crun joins before it starts the container.
+//!   Every crun call for the container (exec, kill, delete) enters the same
+//!   view, or crun cannot find the container's cgroup.
+//!
+//! `<own>` is the caller's cgroup in that hierarchy (`/proc/self/cgroup`),
+//! so a container stays inside whatever limits its caller lives under.
+//!
+//! Nothing here changes a `subtree_control` file: controllers are never
+//! enabled on cgroup2 in hybrid mode. Groups are removed at teardown,
+//! deepest first, and the `cairn` parent too once it is empty.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{Limits, CPU_PERIOD_US};
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// How the host's cgroups are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    Unified,
+    Hybrid,
+    Legacy,
+}
+
+/// Finds the layout from the filesystems mounted at `/sys/fs/cgroup`.
+pub fn detect() -> Layout {
+    // f_type is a c_long, whose width depends on the target.
+    #[allow(clippy::unnecessary_cast)]
+    let magic = |p: &str| {
+        rustix::fs::statfs(p)
+            .map(|s| s.f_type as i64)
+            .unwrap_or_default()
+    };
+    match magic(CGROUP_ROOT) {
+        CGROUP2_SUPER_MAGIC => Layout::Unified,
+        TMPFS_MAGIC if magic("/sys/fs/cgroup/unified") == CGROUP2_SUPER_MAGIC => Layout::Hybrid,
+        _ => Layout::Legacy,
+    }
+}
+
+/// The cgroups one container uses; recorded in its state so that any
+/// process can tear them down.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cgroups {
+    pub layout: Layout,
+    /// Hybrid: the cgroup2 group crun runs in (the root of its view).
+    #[serde(default)]
+    pub view: Option<PathBuf>,
+    /// Hybrid: v1 groups holding the limits; crun joins them.
+    #[serde(default)]
+    pub v1: Vec<PathBuf>,
+    /// Unified/legacy: `linux.cgroupsPath` for crun.
+    #[serde(default)]
+    pub crun_path: Option<String>,
+    /// Groups to remove at teardown (deepest last in this list; removal
+    /// walks each recursively), and their `cairn` parents.
+    #[serde(default)]
+    pub owned: Vec<PathBuf>,
+}
+
+/// The caller's cgroup path in the hierarchy whose `/proc/self/cgroup`
+/// line matches `pick` (on its controller list).
+fn own_path(pick: impl Fn(&str) -> bool) -> String {
+    let text = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next(), parts.next(), parts.next());
+        if let (Some(c), Some(p)) = (ctrls, path) {
+            if pick(c) {
+                return p.to_string();
+            }
+        }
+    }
+    "/".into()
+}
+
+/// Where the v1 hierarchy holding `controller` is mounted.
+fn v1_mount(controller: &str) -> Option<PathBuf> {
+    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    for line in text.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut r = right.split(' ');
+        if r.next() != Some("cgroup") {
+            continue;
+        }
+        let super_opts = r.nth(1).unwrap_or("");
+        if super_opts.split(',').any(|o| o == controller) {
+            return left.split(' ').nth(4).map(PathBuf::from);
+        }
+    }
+    None
+}
+
+fn join(base: &Path, own: &str, id: &str) -> PathBuf {
+    base.join(own.trim_start_matches('/'))
+        .join("cairn")
+        .join(id)
+}
+
+/// Plans the groups for container `id` with `limits` (nothing is made).
+pub fn plan(id: &str, layout: Layout, limits: &Limits) -> io::Result<Cgroups> {
+    let mut cg = Cgroups {
+        layout,
+        view: None,
+        v1: Vec::new(),
+        crun_path: None,
+        owned: Vec::new(),
+    };
+    match layout {
+        Layout::Unified => {
+            cg.crun_path = Some(format!("/cairn/{id}"));
+            cg.owned.push(Path::new(CGROUP_ROOT).join("cairn").join(id));
+        }
+        Layout::Legacy => {
+            cg.crun_path = Some(format!("/cairn/{id}"));
+            for c in [
+                "memory", "cpu", "pids", "cpuset", "cpuacct", "devices", "freezer", "blkio",
+            ] {
+                if let Some(m) = v1_mount(c) {
+                    let g = m.join("cairn").join(id);
+                    if !cg.owned.contains(&g) {
+                        cg.owned.push(g);
+                    }
+                }
+            }
+            let named = Path::new(CGROUP_ROOT).join("systemd/cairn").join(id);
+            cg.owned.push(named);
+        }
+        Layout::Hybrid => {
+            let view = join(
+                &Path::new(CGROUP_ROOT).join("unified"),
+                &own_path(|c| c.is_empty()),
+                id,
+            );
+            cg.owned.push(view.clone());
+            cg.view = Some(view);
+            let wanted = [
+                ("memory", limits.memory.is_some()),
+                ("cpu", limits.cpus.is_some()),
+                ("pids", limits.pids.is_some()),
+            ];
+            for (controller, want) in wanted {
+                if !want {
+                    continue;
+                }
+                let mount = v1_mount(controller).ok_or_else(|| {
+                    io::Error::other(format!(
+                        "--{} needs the cgroup v1 {controller} controller, which is not mounted",
+                        match controller {
+                            "memory" => "memory",
+                            "cpu" => "cpus",
+                            _ => "pids-limit",
+                        }
+                    ))
+                })?;
+                let own = own_path(|c| c.split(',').any(|x| x == controller));
+                let g = join(&mount, &own, id);
+                cg.owned.push(g.clone());
+                cg.v1.push(g);
+            }
+        }
+    }
+    Ok(cg)
+}
+
+/// Makes the groups `plan` chose and writes the limits into them. On
+/// error whatever was made is removed again.
+pub fn make(cg: &Cgroups, limits: &Limits) -> io::Result<()> {
+    let made = make_groups(cg, limits);
+    if made.is_err() {
+        remove(cg);
+    }
+    made
+}
+
+fn make_groups(cg: &Cgroups, limits: &Limits) -> io::Result<()> {
+    if cg.layout != Layout::Hybrid {
+        // crun makes them.
+        return Ok(());
+    }
+    let mut groups: Vec<&PathBuf> = cg.view.iter().collect();
+    groups.extend(cg.v1.iter());
+    for g in groups {
+        mkdir_retrying(g)?;
+    }
+    for g in &cg.v1 {
+        let write = |file: &str, value: String| {
+            fs::write(g.join(file), &value).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("writing {value} to {}: {e}", g.join(file).display()),
+                )
+            })
+        };
+        if g.join("memory.limit_in_bytes").exists() {
+            if let Some(m) = limits.memory {
+                write("memory.limit_in_bytes", m.to_string())?;
+            }
+        }
+        if g.join("cpu.cfs_quota_us").exists() {
+            if let Some(q) = limits.cpu_quota_us() {
+                write("cpu.cfs_period_us", CPU_PERIOD_US.to_string())?;
+                write("cpu.cfs_quota_us", q.to_string())?;
+            }
+        }
+        if g.join("pids.max").exists() {
+            if let Some(p) = limits.pids {
+                write("pids.max", p.to_string())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// mkdir -p, retried when a concurrent teardown removes the shared `cairn`
+/// parent between our mkdirs.
+fn mkdir_retrying(path: &Path) -> io::Result<()> {
+    let mut last = None;
+    for _ in 0..20 {
+        match fs::create_dir_all(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => last = Some(e),
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("creating cgroup {}: {e}", path.display()),
+                ))
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("mkdir kept failing")))
+}
+
+/// The `cgroup.procs` files a crun process for this container joins.
+pub fn procs_files(cg: &Cgroups) -> Vec<PathBuf> {
+    cg.view
+        .iter()
+        .chain(cg.v1.iter())
+        .map(|g| g.join("cgroup.procs"))
+        .collect()
+}
+
+/// Removes the container's groups (children first) and each `cairn` parent
+/// left empty. Idempotent; groups still holding processes stay (EBUSY) and
+/// are reported.
+pub fn remove(cg: &Cgroups) -> Vec<String> {
+    let mut problems = Vec::new();
+    for g in &cg.owned {
+        if let Err(e) = rmdir_tree(g) {
+            if e.kind() != io::ErrorKind::NotFound {
+                problems.push(format!("removing cgroup {}: {e}", g.display()));
+            }
+        }
+        if let Some(parent) = g.parent() {
+            if parent.file_name().is_some_and(|n| n == "cairn") {
+                // Fails while other containers use it: fine.
+                let _ = fs::remove_dir(parent);
+            }
+        }
+    }
+    problems
+}
+
+fn rmdir_tree(g: &Path) -> io::Result<()> {
+    let entries = fs::read_dir(g)?;
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            rmdir_tree(&e.path())?;
+        }
+    }
+    // A group empties asynchronously after its last process was reaped;
+    // give it a moment.
+    let mut tries = 0;
+    loop {
+        match fs::remove_dir(g) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Every `cairn` group on this host, in every hierarchy (for tests and
+/// `cairn ps` diagnostics): paths of `cairn/<id>` directories.
+pub fn stray_groups() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(top) = fs::read_dir(CGROUP_ROOT) else {
+        return out;
+    };
+    let mut roots: Vec<PathBuf> = vec![PathBuf::from(CGROUP_ROOT)];
+    roots.extend(top.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    for root in roots {
+        find_cairn(&root, 0, &mut out);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn find_cairn(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    if depth > 6 {
+        return;
+    }
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let p = e.path();
+        if e.file_name() == "cairn" {
+            out.push(p);
+        } else {
+            find_cairn(&p, depth + 1, out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_some_layout_and_own_paths() {
+        // Any host has one; this one is hybrid, CI may differ.
+        let _ = detect();
+        assert!(own_path(|_| true).starts_with('/'));
+    }
+
+    #[test]
+    fn join_nests_under_own_group() {
+        assert_eq!(
+            join(Path::new("/sys/fs/cgroup/memory"), "/a/b", "x"),
+            Path::new("/sys/fs/cgroup/memory/a/b/cairn/x")
+        );
+        assert_eq!(
+            join(Path::new("/sys/fs/cgroup/unified"), "/", "x"),
+            Path::new("/sys/fs/cgroup/unified/cairn/x")
+        );
+    }
+}

@@ -1,0 +1,92 @@
+//! Running containers from cairn images with crun.
+//!
+//! `cairn run` builds an OCI bundle in `<root>/containers/<id>/` (see
+//! [`state`] for the layout): the runtime config from the image config and
+//! the flags ([`spec`], [`image_config`]), and a rootfs that is the image's
+//! composefs stack with a throwaway upper layer, optionally idmapped into a
+//! user namespace from the `--userns auto` pool ([`userns`]).
+//!
+//! # Processes
+//!
+//! ```text
+//! cairn run (client) ──fork,setsid,fork──► monitor ──spawn──► crun run ──► container init
+//!   │  signals, exit code over a socketpair   │  holds containers/<id>/lock
+//!   │  tty: console socket, pty proxy         │  waits, records the exit, tears down
+//! ```
+//!
+//! The monitor (cairn's conmon) is the parent of crun for foreground and
+//! detached containers alike, so a container is torn down when it ends
+//! even if the `cairn run` that started it was killed. crun runs in a
+//! private mount namespace made just before it execs (`sys::NsSetup`): the
+//! rootfs overlay is attached only there, so the host's mount table never
+//! holds it and no kill of anything can leak it: the kernel drops the mount
+//! with the last process in that namespace. On a hybrid cgroup host the same
+//! hook gives crun the cgroup2 view it needs ([`cgroup`]).
+//!
+//! crun gets pipes for stdin, stdout and stderr, never the caller's
+//! descriptors (it `fchown`s them to the container's user: the caller's
+//! terminal, output file or the host's `/dev/null` would change owner); the
+//! monitor copies between the pipes and the caller (or the log), see
+//! `stdio`.
+//!
+//! Teardown ([`container::teardown`]) is idempotent and runs from the
+//! monitor, or from any later command that finds an abandoned container
+//! (its lock free while its state says it runs: [`lifecycle::reap`]).
+//!
+//! For other front ends (the on-demand `--listen` proxy): [`start_detached`]
+//! starts a container from a [`RunSpec`] and returns at once;
+//! [`lifecycle::stop`] stops it.
+#![deny(unsafe_code)]
+
+pub mod cgroup;
+mod console;
+pub mod container;
+pub mod crun;
+pub mod image_config;
+pub mod lifecycle;
+mod monitor;
+pub mod spec;
+pub mod state;
+mod stdio;
+mod sys;
+pub mod userns;
+
+use std::path::PathBuf;
+
+pub use container::{run_foreground, start_detached, RunSpec, Started, UpperChoice, UsernsChoice};
+pub use lifecycle::{exec, kill, list, logs, reap, remove, stop, ExecSpec};
+pub use spec::{Limits, Network, Volume};
+pub use state::{Paths, State, Status};
+
+/// Why a container operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no such container: {0}")]
+    NoSuchContainer(String),
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] cairn_store::StoreError),
+    #[error(transparent)]
+    Mount(#[from] cairn_mount::MountError),
+    #[error("{0}")]
+    Crun(String),
+}
+
+impl RunError {
+    pub(crate) fn io(what: &str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        RunError::Io {
+            what: what.to_string(),
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! Containers on disk: one directory per container, its `state.json`, the
+//! lock that tells a live container from a dead one, and names.
+//!
+//! ```text
+//! <root>/containers/
+//! ├── <id>/                 64 hex digits
+//! │   ├── lock              flock'ed exclusively by the container's monitor
+//! │   │                     (and its launcher) for as long as it runs
+//! │   ├── state.json        State (written by tmp + rename)
+//! │   ├── config.json       the OCI bundle's runtime config
+//! │   ├── rootfs/           the bundle's root: the overlay is attached only
+//! │   │                     in crun's private mount namespace, never here
+//! │   ├── hosts, resolv.conf, hostname    bind-mounted into /etc
+//! │   ├── pid               the container's init pid (crun --pid-file)
+//! │   ├── ctr.log           stdout+stderr of a detached container
+//! │   ├── upper/ work/      --upper disk
+//! │   └── upperfs/          a kept tmpfs upper (a host tmpfs mount, until rm)
+//! ├── names/<name> → <id>   symlinks; creating one is the name's claim
+//! └── userns/<slot>         one file per allocated --userns auto range
+//! <root>/run/crun/          crun's own state (--root)
+//! ```
+//!
+//! "Is this container alive?" is answered by the lock, not by a pid: the
+//! kernel drops a `flock` when its holder dies however it dies, so a
+//! container whose lock can be taken and whose state still says running
+//! was abandoned, and is torn down by whoever notices (see `reap`).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rustix::fs::{flock, FlockOperation};
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::Cgroups;
+use crate::spec::Limits;
+use crate::RunError;
+
+/// Where everything of `cairn run` lives below a store root.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    root: PathBuf,
+}
+
+impl Paths {
+    pub fn new(root: &Path) -> Self {
+        Paths {
+            root: std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf()),
+        }
+    }
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn containers(&self) -> PathBuf {
+        self.root.join("containers")
+    }
+    pub fn container(&self, id: &str) -> PathBuf {
+        self.containers().join(id)
+    }
+    pub fn names(&self) -> PathBuf {
+        self.containers().join("names")
+    }
+    pub fn userns(&self) -> PathBuf {
+        self.containers().join("userns")
+    }
+    pub fn crun_root(&self) -> PathBuf {
+        self.root.join("run/crun")
+    }
+    pub fn userns_conf(&self) -> PathBuf {
+        self.root.join("userns.conf")
+    }
+}
+
+/// Where a container is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Being set up; no container process yet.
+    Creating,
+    Running,
+    /// Finished; resources released, the record (and log, kept upper) left.
+    Exited,
+}
+
+/// The writable layer a container got.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum UpperKind {
+    Tmpfs { size: u64 },
+    Disk,
+}
+
+/// An id range of a user namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsernsRange {
+    pub uid: u32,
+    pub gid: u32,
+    pub count: u32,
+    /// The pool slot, for `--userns auto`.
+    pub slot: Option<u32>,
+}
+
+/// `state.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub id: String,
+    pub name: String,
+    /// The image as the user named it.
+    pub image: String,
+    pub image_digest: String,
+    pub command: Vec<String>,
+    /// Seconds since the epoch.
+    pub created: u64,
+    pub status: Status,
+    /// The container's init process, as the host sees it.
+    pub pid: Option<i32>,
+    pub monitor_pid: Option<i32>,
+    pub exit_code: Option<i32>,
+    pub finished: Option<u64>,
+    pub upper: UpperKind,
+    /// Keep the upper after exit.
+    pub keep: bool,
+    /// Where a kept upper is.
+    pub kept_upper: Option<PathBuf>,
+    /// Remove the record at exit (`--rm`, and every foreground run).
+    pub remove: bool,
+    pub detached: bool,
+    pub tty: bool,
+    pub userns: Option<UsernsRange>,
+    pub log_path: Option<PathBuf>,
+    pub stop_signal: String,
+    pub cgroups: Option<Cgroups>,
+    pub limits: Limits,
+}
+
+/// Seconds since the epoch.
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A new random container id (64 hex digits).
+pub fn new_id() -> String {
+    let mut bytes = [0u8; 32];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        match rustix::rand::getrandom(&mut bytes[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => {
+                // No getrandom: mix time and pid; ids need to be unique, not secret.
+                let t = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
+                let seed = t ^ (u128::from(std::process::id()) << 64);
+                bytes[..16].copy_from_slice(&seed.to_le_bytes());
+                filled = bytes.len();
+            }
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `s` is a container id.
+pub fn is_id(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+/// Container names: what podman allows, `[a-zA-Z0-9][a-zA-Z0-9_.-]*`.
+pub fn validate_name(name: &str) -> Result<(), RunError> {
+    let ok = name.len() <= 128
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(RunError::Invalid(format!(
+            "invalid container name {name:?}: use letters, digits, '_', '.', '-', starting with a letter or digit"
+        )))
+    }
+}
+
+/// An open container directory whose lock we hold.
+#[derive(Debug)]
+pub struct Locked {
+    pub dir: PathBuf,
+    lock: File,
+}
+
+impl Locked {
+    /// The lock file, for passing the lock to a forked monitor.
+    pub fn lock_file(&self) -> &File {
+        &self.lock
+    }
+}
+
+fn io_err(what: &str, path: &Path, e: io::Error) -> RunError {
+    RunError::Io {
+        what: what.to_string(),
+        path: path.to_path_buf(),
+        source: e,
+    }
+}
+
+/// Makes `<containers>/<id>/` with its lock held by us.
+pub fn create_dir(paths: &Paths, id: &str) -> Result<Locked, RunError> {
+    let containers = paths.containers();
+    for d in [containers.clone(), paths.names(), paths.userns()] {
+        fs::create_dir_all(&d).map_err(|e| io_err("creating", &d, e))?;
+    }
+    let dir = paths.container(id);
+    fs::create_dir(&dir).map_err(|e| io_err("creating", &dir, e))?;
+    let lock = open_lock(&dir)?;
+    flock(&lock, FlockOperation::LockExclusive)
+        .map_err(|e| io_err("locking", &dir.join("lock"), e.into()))?;
+    Ok(Locked { dir, lock })
+}
+
+fn open_lock(dir: &Path) -> Result<File, RunError> {
+    let path = dir.join("lock");
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| io_err("opening", &path, e))
+}
+
+/// Takes the lock of an existing container if nobody holds it.
+pub fn try_lock(dir: &Path) -> Result<Option<Locked>, RunError> {
+    let path = dir.join("lock");
+    let lock = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("opening", &path, e)),
+    };
+    match flock(&lock, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(Locked {
+            dir: dir.to_path_buf(),
+            lock,
+        })),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(io_err("locking", &path, e.into())),
+    }
+}
+
+/// Waits up to `timeout` for the container's lock (its monitor finishing).
+pub fn wait_unlocked(dir: &Path, timeout: std::time::Duration) -> Result<bool, RunError> {
+    let start = std::time::Instant::now();
+    loop {
+        if try_lock(dir)?.is_some() || !dir.exists() {
+            return Ok(true);
+        }
+        if start.elapsed() >= timeout {
+            return Ok(false);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Writes `state.json` atomically.
+pub fn write_state(dir: &Path, state: &State) -> Result<(), RunError> {
+    let path = dir.join("state.json");
+    let tmp = dir.join(".state.json.tmp");
+    let data = serde_json::to_vec_pretty(state).expect("state serializes");
+    let write = || -> io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(&data)?;
+        fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| io_err("writing", &path, e))
+}
+
+/// Reads `state.json`; `None` if there is none (yet).
+pub fn read_state(dir: &Path) -> Result<Option<State>, RunError> {
+    let path = dir.join("state.json");
+    match fs::read(&path) {
+        Ok(data) => serde_json::from_slice(&data)
+            .map(Some)
+            .map_err(|e| RunError::Invalid(format!("{}: invalid state: {e}", path.display()))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err("reading", &path, e)),
+    }
+}
+
+/// Claims `name` for container `id` (fails if another live container has it).
+pub fn claim_name(paths: &Paths, name: &str, id: &str) -> Result<(), RunError> {
+    let link = paths.names().join(name);
+    for _ in 0..2 {
+        match std::os::unix::fs::symlink(id, &link) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let owner = fs::read_link(&link).ok();
+                let stale = owner
+                    .as_ref()
+                    .and_then(|o| o.to_str())
+                    .is_none_or(|o| !paths.container(o).join("state.json").exists());
+                if !stale {
+                    return Err(RunError::Invalid(format!(
+                        "the name {name:?} is in use by container {}",
+                        owner.map(|o| o.display().to_string()).unwrap_or_default()
+                    )));
+                }
+                // The owner is gone: remove its claim and try again.
+                let _ = fs::remove_file(&link);
+            }
+            Err(e) => return Err(io_err("creating", &link, e)),
+        }
+    }
+    Err(RunError::Invalid(format!("the name {name:?} is in use")))
+}
+
+/// Releases `name` if it still belongs to `id`.
+pub fn release_name(paths: &Paths, name: &str, id: &str) {
+    let link = paths.names().join(name);
+    if fs::read_link(&link).is_ok_and(|o| o == Path::new(id)) {
+        let _ = fs::remove_file(&link);
+    }
+}
+
+/// Ids of all container directories.
+pub fn list_ids(paths: &Paths) -> Result<Vec<String>, RunError> {
+    let dir = paths.containers();
+    let rd = match fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("listing", &dir, e)),
+    };
+    let mut ids: Vec<String> = rd
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| is_id(n))
+        .collect();
+    ids.sort();
+    Ok(ids)
+}
+
+/// Finds a container by full id, name, or unique id prefix.
+pub fn lookup(paths: &Paths, what: &str) -> Result<String, RunError> {
+    if is_id(what) && paths.container(what).is_dir() {
+        return Ok(what.to_string());
+    }
+    if validate_name(what).is_ok() {
+        if let Ok(target) = fs::read_link(paths.names().join(what)) {
+            if let Some(id) = target.to_str() {
+                if paths.container(id).is_dir() {
+                    return Ok(id.to_string());
+                }
+            }
+        }
+    }
+    let matches: Vec<String> = list_ids(paths)?
+        .into_iter()
+        .filter(|id| !what.is_empty() && id.starts_with(what))
+        .collect();
+    match matches.len() {
+        1 => Ok(matches.into_iter().next().expect("one match")),
+        0 => Err(RunError::NoSuchContainer(what.to_string())),
+        _ => Err(RunError::Invalid(format!(
+            "{what:?} matches {} containers; give more of the id",
+            matches.len()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_hex_and_distinct() {
+        let a = new_id();
+        let b = new_id();
+        assert!(is_id(&a) && is_id(&b));
+        assert_ne!(a, b);
+        assert!(!is_id("xyz"));
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(validate_name("web-1.a_b").is_ok());
+        assert!(validate_name("-x").is_err());
+        assert!(validate_name("a/b").is_err());
+        assert!(validate_name("").is_err());
+    }
+
+    #[test]
+    fn claims_names_and_reclaims_stale_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let paths = Paths::new(tmp.path());
+        let a = new_id();
+        let b = new_id();
+        let _la = create_dir(&paths, &a).unwrap();
+        fs::write(paths.container(&a).join("state.json"), "{}").unwrap();
+        claim_name(&paths, "web", &a).unwrap();
+        assert!(claim_name(&paths, "web", &b).is_err());
+        assert_eq!(lookup(&paths, "web").unwrap(), a);
+        assert_eq!(lookup(&paths, &a[..8]).unwrap(), a);
+        fs::remove_dir_all(paths.container(&a)).unwrap();
+        claim_name(&paths, "web", &b).unwrap();
+        release_name(&paths, "web", &a);
+        assert!(
+            paths.names().join("web").exists() || fs::read_link(paths.names().join("web")).is_ok()
+        );
+        release_name(&paths, "web", &b);
+        assert!(fs::read_link(paths.names().join("web")).is_err());
+    }
+
+    #[test]
+    fn lock_is_exclusive_between_opens() {
+        let tmp = tempfile::tempdir().unwrap();
+        let paths = Paths::new(tmp.path());
+        let id = new_id();
+        let held = create_dir(&paths, &id).unwrap();
+        assert!(try_lock(&held.dir).unwrap().is_none());
+        drop(held);
+        assert!(try_lock(&paths.container(&id)).unwrap().is_some());
+    }
+}
