@@ -13,7 +13,8 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use cairn_run::{
-    ExecSpec, Limits, Network, Paths, RunSpec, State, Status, UpperChoice, UsernsChoice, Volume,
+    ExecSpec, Limits, ListenState, ListenStatus, Network, Paths, RunSpec, State, Status,
+    UpperChoice, UsernsChoice, Volume,
 };
 
 use crate::{output, Global};
@@ -114,9 +115,9 @@ pub struct RunArgs {
     /// The container's host name (default: the short id).
     #[arg(long)]
     hostname: Option<String>,
-    /// none (a private loopback) or host.
-    #[arg(long, alias = "net", default_value = "none", value_parser = parse_network)]
-    network: Network,
+    /// none (a private loopback; the default) or host (the default with --listen).
+    #[arg(long, alias = "net", value_parser = parse_network)]
+    network: Option<Network>,
     /// Memory limit, e.g. 256m.
     #[arg(short, long, value_parser = crate::parse_size)]
     memory: Option<u64>,
@@ -135,6 +136,17 @@ pub struct RunArgs {
     /// host (none), auto (a range from the pool in <root>/userns.conf), or UID:GID:COUNT.
     #[arg(long, default_value = "host", value_parser = parse_userns)]
     userns: UsernsChoice,
+    /// Start on demand: cairn listens on [HOSTADDR:]HOSTPORT, starts the container
+    /// at the first connection and forwards to its CTRPORT on 127.0.0.1 (host
+    /// network, so HOSTPORT must differ from CTRPORT). Needs -d.
+    #[arg(long, value_name = "[HOSTADDR:]HOSTPORT:CTRPORT", value_parser = cairn_run::listen::parse_listen)]
+    listen: Option<(std::net::SocketAddr, u16)>,
+    /// With --listen: stop the container after this long without connections (500ms, 30s, 5m).
+    #[arg(long, value_name = "DURATION", value_parser = cairn_run::listen::parse_duration)]
+    idle_stop: Option<Duration>,
+    /// Seconds a stop waits after the StopSignal before SIGKILL (--listen's idle stops).
+    #[arg(long, default_value_t = 10)]
+    stop_timeout: u64,
     /// The image: a name or a digest (prefix) of an image in the store.
     image: String,
     /// The command and its arguments (default: the image's).
@@ -193,7 +205,7 @@ fn parse_userns(s: &str) -> Result<UsernsChoice, String> {
 /// container's and are left alone.
 pub fn rewrite_volume_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     // Options of `run` (and global ones) that take a value.
-    const LONG_VALUE: [&str; 15] = [
+    const LONG_VALUE: [&str; 18] = [
         "--name",
         "--env",
         "--env-file",
@@ -209,6 +221,9 @@ pub fn rewrite_volume_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsS
         "--pids-limit",
         "--upper",
         "--userns",
+        "--listen",
+        "--idle-stop",
+        "--stop-timeout",
     ];
     const SHORT_VALUE: [char; 4] = ['e', 'w', 'u', 'm'];
     let args: Vec<OsString> = args.into_iter().collect();
@@ -276,6 +291,12 @@ pub fn run(g: &Global, cmd: RunCommand) -> Result<()> {
         RunCommand::Stop { time, containers } => {
             let p = paths(g);
             for c in &containers {
+                if let Some(id) = cairn_run::listen::lookup_listener(&p, c) {
+                    let l = cairn_run::listen::stop_listener(&p, &id, Duration::from_secs(time))
+                        .with_context(|| format!("stopping {c}"))?;
+                    output(g, &Row::from(&l), |_| c.clone())?;
+                    continue;
+                }
                 let st = cairn_run::stop(&p, c, Duration::from_secs(time))
                     .with_context(|| format!("stopping {c}"))?;
                 output(g, &Row::from(&st), |_| c.clone())?;
@@ -299,6 +320,12 @@ pub fn run(g: &Global, cmd: RunCommand) -> Result<()> {
         RunCommand::Container(ContainerCommand::Rm { force, containers }) => {
             let p = paths(g);
             for c in &containers {
+                if let Some(id) = cairn_run::listen::lookup_listener(&p, c) {
+                    let l = cairn_run::listen::stop_listener(&p, &id, Duration::ZERO)
+                        .with_context(|| format!("removing {c}"))?;
+                    output(g, &Row::from(&l), |_| c.clone())?;
+                    continue;
+                }
                 let st =
                     cairn_run::remove(&p, c, force).with_context(|| format!("removing {c}"))?;
                 output(g, &Row::from(&st), |_| c.clone())?;
@@ -387,7 +414,11 @@ fn spec_of(args: &RunArgs) -> Result<RunSpec> {
             .map(|v| parse_volume(v))
             .collect::<Result<_>>()?,
         read_only: args.read_only,
-        network: args.network,
+        network: args.network.unwrap_or(if args.listen.is_some() {
+            Network::Host
+        } else {
+            Network::None
+        }),
         limits: Limits {
             memory: args.memory,
             cpus: args.cpus,
@@ -406,6 +437,30 @@ fn spec_of(args: &RunArgs) -> Result<RunSpec> {
 fn run_container(g: &Global, args: &RunArgs) -> Result<()> {
     let result = spec_of(args).and_then(|spec| {
         let p = paths(g);
+        if let Some((host, container_port)) = args.listen {
+            if !spec.detach {
+                bail!("--listen needs -d: the proxy runs in the background");
+            }
+            let listening = cairn_run::listen::start_listener(
+                &p,
+                &cairn_run::ListenSpec {
+                    run: spec,
+                    host,
+                    container_port,
+                    idle_stop: args.idle_stop,
+                    stop_timeout: Duration::from_secs(args.stop_timeout),
+                },
+            )?;
+            if g.json {
+                output(g, &listening, |_| String::new())?;
+            } else {
+                println!("{}", listening.id);
+            }
+            return Ok(0);
+        }
+        if args.idle_stop.is_some() {
+            bail!("--idle-stop needs --listen");
+        }
         if spec.detach {
             let started = cairn_run::start_detached(&p, &spec)?;
             if g.json {
@@ -466,13 +521,69 @@ struct Row {
     image_digest: String,
     command: Vec<String>,
     created: String,
-    status: Status,
+    /// creating, running, exited; for a listener waiting, starting, active, stopping.
+    status: String,
     exit_code: Option<i32>,
     pid: Option<i32>,
     upper: String,
     kept_upper: Option<PathBuf>,
     userns: Option<String>,
     detached: bool,
+    /// Set for an on-demand listener (`run --listen`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    listen: Option<ListenRow>,
+}
+
+/// What `ps` shows of a listener.
+#[derive(Serialize)]
+struct ListenRow {
+    address: String,
+    container_port: u16,
+    idle_stop_ms: Option<u64>,
+    proxy_pid: Option<i32>,
+    container: Option<String>,
+    starts: u64,
+    connections: u64,
+    last_error: Option<String>,
+}
+
+impl From<&ListenState> for Row {
+    fn from(l: &ListenState) -> Self {
+        Row {
+            id: l.id.clone(),
+            name: l.name.clone(),
+            image: l.image.clone(),
+            image_digest: String::new(),
+            command: l.command.clone(),
+            created: crate::store_cmds::rfc3339(
+                SystemTime::UNIX_EPOCH + Duration::from_secs(l.created),
+            ),
+            status: status_word(&l.status),
+            exit_code: None,
+            pid: None,
+            upper: String::new(),
+            kept_upper: None,
+            userns: None,
+            detached: true,
+            listen: Some(ListenRow {
+                address: l.listen.clone(),
+                container_port: l.container_port,
+                idle_stop_ms: l.idle_stop_ms,
+                proxy_pid: l.proxy_pid,
+                container: l.container.clone(),
+                starts: l.starts,
+                connections: l.connections,
+                last_error: l.last_error.clone(),
+            }),
+        }
+    }
+}
+
+fn status_word<T: Serialize>(s: &T) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 impl From<&State> for Row {
@@ -486,7 +597,7 @@ impl From<&State> for Row {
             created: crate::store_cmds::rfc3339(
                 SystemTime::UNIX_EPOCH + Duration::from_secs(s.created),
             ),
-            status: s.status,
+            status: status_word(&s.status),
             exit_code: s.exit_code,
             pid: s.pid,
             upper: match &s.upper {
@@ -498,6 +609,7 @@ impl From<&State> for Row {
             kept_upper: s.kept_upper.clone(),
             userns: s.userns.map(|u| format!("{}:{}:{}", u.uid, u.gid, u.count)),
             detached: s.detached,
+            listen: None,
         }
     }
 }
@@ -518,19 +630,49 @@ fn ago(secs: u64) -> String {
 
 fn ps(g: &Global, all: bool) -> Result<()> {
     let states = cairn_run::list(&paths(g), all).context("listing containers")?;
+    let listeners = cairn_run::listen::list_listeners(&paths(g)).context("listing listeners")?;
     if g.quiet && !g.json {
         // podman's `ps -q`: ids only.
-        for s in &states {
-            println!("{}", &s.id[..12]);
+        for id in listeners
+            .iter()
+            .map(|l| &l.id)
+            .chain(states.iter().map(|s| &s.id))
+        {
+            println!("{}", &id[..12]);
         }
         return Ok(());
     }
-    let rows: Vec<Row> = states.iter().map(Row::from).collect();
+    let rows: Vec<Row> = listeners
+        .iter()
+        .map(Row::from)
+        .chain(states.iter().map(Row::from))
+        .collect();
     output(g, &rows, |_| {
         let mut lines = vec![format!(
             "{:<14}{:<24}{:<24}{:<16}{:<30}{}",
             "CONTAINER ID", "IMAGE", "COMMAND", "CREATED", "STATUS", "NAMES"
         )];
+        for l in &listeners {
+            let what = match l.status {
+                ListenStatus::Waiting => "Waiting",
+                ListenStatus::Starting => "Starting",
+                ListenStatus::Active => "Active",
+                ListenStatus::Stopping => "Stopping",
+            };
+            let mut image = l.image.clone();
+            if image.chars().count() > 22 {
+                image = image.chars().take(20).collect::<String>() + "…";
+            }
+            lines.push(format!(
+                "{:<14}{:<24}{:<24}{:<16}{:<30}{}",
+                &l.id[..12],
+                image,
+                format!("listen →:{}", l.container_port),
+                format!("{} ago", ago(l.created)),
+                format!("{what} on {}", l.listen),
+                l.name
+            ));
+        }
         for s in &states {
             let status = match s.status {
                 Status::Creating => "Created".to_string(),

@@ -35,7 +35,9 @@
 //!
 //! For other front ends (the on-demand `--listen` proxy): [`start_detached`]
 //! starts a container from a [`RunSpec`] and returns at once;
-//! [`lifecycle::stop`] stops it.
+//! [`lifecycle::stop`] stops it. [`listen`] is that front end: a proxy
+//! process that holds a listening socket and starts the container on the
+//! first connection, stops it when idle.
 #![deny(unsafe_code)]
 
 pub mod cgroup;
@@ -44,6 +46,7 @@ pub mod container;
 pub mod crun;
 pub mod image_config;
 pub mod lifecycle;
+pub mod listen;
 mod monitor;
 pub mod spec;
 pub mod state;
@@ -55,6 +58,7 @@ use std::path::PathBuf;
 
 pub use container::{run_foreground, start_detached, RunSpec, Started, UpperChoice, UsernsChoice};
 pub use lifecycle::{exec, kill, list, logs, reap, remove, stop, ExecSpec};
+pub use listen::{ListenSpec, ListenState, ListenStatus, Listening};
 pub use spec::{Limits, Network, Volume};
 pub use state::{Paths, State, Status};
 
