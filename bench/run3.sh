@@ -84,11 +84,18 @@ if [ "$inner" -eq 0 ]; then
   mkdir "$cg"
   rc=0
   bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" \
-    unshare -C -m --propagation private env BENCH3_CGROUPS="hybrid host: own cgroup2 group + cgroup namespace (MACHINE-NOTES workaround)" \
-    CAIRN_BIN="$cairn" "$0" --inner "${all_args[@]}" || rc=$?
+    unshare -C -m --propagation private env BENCH3_CGROUPS="hybrid host: crun baselines in an own cgroup2 group + cgroup namespace (MACHINE-NOTES workaround); cairn and nspawn in the host's hybrid view" \
+    BENCH3_OUTER=$$ CAIRN_BIN="$cairn" "$0" --inner "${all_args[@]}" || rc=$?
   # Children crun or cairn may have left (they should not), deepest first.
   find "$cg" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null || true
   rmdir "$cg" || say "WARNING: could not remove $cg"
+  # systemd-nspawn on a hybrid host mirrors its cgroup2 path into the v1
+  # name=systemd hierarchy (payload/, supervisor/ under it): remove those too.
+  for h in /sys/fs/cgroup/*/; do
+    [ -d "$h/cairn-bench3-$$" ] || continue
+    find "$h/cairn-bench3-$$" -depth -type d -exec rmdir {} \; 2>/dev/null ||
+      say "WARNING: could not remove $h/cairn-bench3-$$"
+  done
   say "cgroup layout: $layout"
   exit "$rc"
 fi
@@ -109,7 +116,7 @@ if [ "$(stat -fc %T /run)" != tmpfs ]; then
   mkdir -p /run/systemd/nspawn
   mount -t tmpfs -o mode=0755 tmpfs /run/systemd/nspawn
 fi
-for t in crun python3 gcc tar findmnt chattr; do
+for t in crun python3 gcc tar findmnt chattr nsenter; do
   command -v "$t" >/dev/null || die "$t not found (sudo ./setup.sh installs it)"
 done
 
@@ -172,6 +179,32 @@ timeit() {
   now
   rec "$metric" "$method" "$(secs $((t - t0)))"
 }
+# hostview COMMAND...: COMMAND in the host's own cgroup view, as a user of
+# this machine runs it. On a hybrid host the script itself sits in a cgroup
+# namespace with cgroup2 mounted over /sys/fs/cgroup (for bare crun), where
+# systemd-nspawn fails ("Failed to determine supported controllers": the
+# root cgroup it looks for is outside the namespace) and cairn would take
+# its pure-cgroup2 path instead of the one it takes on this host. So: enter
+# the outer shell's cgroup namespace and a child mount namespace of this
+# one (the btrfs and /run/systemd/nspawn mounts stay visible) in which the
+# cgroup2 mount is taken off again, uncovering the hybrid tmpfs.
+hostview() {
+  if [ -n "${BENCH3_OUTER:-}" ]; then
+    nsenter -t "$BENCH3_OUTER" -C -- unshare -m --propagation private \
+      bash -c 'umount /sys/fs/cgroup && "$@"' _ "$@"
+  else
+    "$@"
+  fi
+}
+# hv_timeit METRIC METHOD FUNCTION ARGS...: timeit in the host view; the
+# clock runs inside it, so nsenter/unshare/umount are not counted.
+hv_timeit() {
+  local metric=$1 method=$2 us
+  shift 2
+  # shellcheck disable=SC2016 # expanded by the child bash
+  us=$(hostview bash -c 't0=${EPOCHREALTIME/./}; "$@" >/dev/null || exit; t1=${EPOCHREALTIME/./}; echo $((t1 - t0))' _ "$@")
+  rec "$metric" "$method" "$(secs "$us")"
+}
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 seq_id=0
 fresh() { seq_id=$((seq_id + 1)); printf '%s/%s-%d-%d' "$run" "$1" "$BASHPID" "$seq_id"; }
@@ -180,6 +213,7 @@ meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
 meta host "$(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), Linux $(uname -r), scratch on $(findmnt -no FSTYPE -T "$run"), $(crun --version | head -1)"
 meta cairn "$([ -x "$cairn" ] && "$cairn" --version 2>/dev/null | head -1) (git $(git -C "$repo" describe --always --dirty 2>/dev/null || echo ?))$([ "$have_cairn_run" -eq 1 ] || echo "; $cairn_na")"
 meta runs "$runs"
+BENCH3_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 meta cgroups "$BENCH3_CGROUPS"
 
 # ---------------------------------------------------------------- images
@@ -282,8 +316,8 @@ btrfs_ok=0
 setup_btrfs() {
   command -v mkfs.btrfs >/dev/null || return 1
   local size
-  size=$(($(du -sb "$run"/plain-* | awk '{ s += $1 } END { print s }') * 3 + 512 * 1048576))
-  truncate -s "$size" "$run/btrfs.img"
+  size=$(($(du -sb "$run"/plain-* | awk '{ s += $1 } END { print s }') * 3 / 1048576 + 512))
+  truncate -s "${size}M" "$run/btrfs.img"
   mkfs.btrfs -q "$run/btrfs.img" >/dev/null
   mkdir "$run/btrfs"
   loopdev=$(losetup -f --show "$run/btrfs.img")
@@ -294,6 +328,10 @@ setup_btrfs() {
   done
 }
 
+# The host-view helpers run these in a child bash.
+export cairn run
+export -f cairn_true nspawn_true
+
 # ---------------------------------------------------------------- start
 if phase start; then
   for img in "${img_list[@]}"; do
@@ -303,7 +341,7 @@ if phase start; then
     if setup_btrfs; then btrfs_ok=1; else say "btrfs loop filesystem failed; no btrfs rows"; fi
     # nspawn's check that the tree is an OS tree: /usr/lib/os-release or /etc/os-release.
     for img in "${img_list[@]}"; do
-      if ! nspawn_true "$run/plain-$img" >"$run/nspawn-check.log" 2>&1; then
+      if ! hostview nspawn_true "$run/plain-$img" >"$run/nspawn-check.log" 2>&1; then
         say "nspawn fails on $img: $(tail -1 "$run/nspawn-check.log")"
         nspawn_ok=0
       fi
@@ -313,10 +351,14 @@ if phase start; then
     m="start $img"
     row "$m" crun "bare crun, plain directory"
     row "$m" cairn "cairn run (warm)" crun le:1.25
+    [ -z "${BENCH3_OUTER:-}" ] || row "$m" cairn-cg2 "cairn run (warm), in bare crun's cgroup2 view" crun
     row "$m" classic "overlay over unpacked layers + crun" crun
     row "$m" nspawn-ext4 "nspawn --ephemeral, ext4 (copy)" crun
     row "$m" nspawn-btrfs "nspawn --ephemeral, btrfs (snapshot)" crun
-    [ "$have_cairn_run" -eq 1 ] || na "$m" cairn "$cairn_na"
+    if [ "$have_cairn_run" -eq 0 ]; then
+      na "$m" cairn "$cairn_na"
+      [ -z "${BENCH3_OUTER:-}" ] || na "$m" cairn-cg2 "$cairn_na"
+    fi
     [ "$nspawn_ok" -eq 1 ] || na "$m" nspawn-ext4 "systemd-nspawn missing or failing"
     if [ "$nspawn_ok" -eq 0 ] || [ "$btrfs_ok" -eq 0 ]; then na "$m" nspawn-btrfs "no btrfs loop filesystem or nspawn"; fi
     if [ "$img" = debian ]; then
@@ -327,16 +369,22 @@ if phase start; then
     # One untimed start of each method warms the caches.
     crun_true "$img" >/dev/null
     classic_true "$img" >/dev/null
-    [ "$have_cairn_run" -eq 0 ] || cairn_true "$img" >/dev/null
+    if [ "$have_cairn_run" -eq 1 ]; then
+      hostview cairn_true "$img" >/dev/null
+      [ -z "${BENCH3_OUTER:-}" ] || cairn_true "$img" >/dev/null
+    fi
     for i in $(seq 1 "$runs"); do
       timeit "$m" crun crun_true "$img"
-      [ "$have_cairn_run" -eq 0 ] || timeit "$m" cairn cairn_true "$img"
+      if [ "$have_cairn_run" -eq 1 ]; then
+        hv_timeit "$m" cairn cairn_true "$img"
+        [ -z "${BENCH3_OUTER:-}" ] || timeit "$m" cairn-cg2 cairn_true "$img"
+      fi
       timeit "$m" classic classic_true "$img"
       if [ "$nspawn_ok" -eq 1 ]; then
-        timeit "$m" nspawn-ext4 nspawn_true "$run/plain-$img"
-        [ "$btrfs_ok" -eq 0 ] || timeit "$m" nspawn-btrfs nspawn_true "$run/btrfs/$img"
+        hv_timeit "$m" nspawn-ext4 nspawn_true "$run/plain-$img"
+        [ "$btrfs_ok" -eq 0 ] || hv_timeit "$m" nspawn-btrfs nspawn_true "$run/btrfs/$img"
       fi
-      say "$m $i/$runs: $(tail -5 "$samples" | awk -F'\t' -v m="$m" '$1 == m { printf "%s %s  ", $2, $3 }')"
+      say "$m $i/$runs: $(tail -6 "$samples" | awk -F'\t' -v m="$m" '$1 == m { printf "%s %s  ", $2, $3 }')"
     done
     if [ "$have_cairn_run" -eq 1 ] && [ "$img" = debian ]; then
       awk -F'\t' -v m="$m" '$1 == m && $2 == "cairn" { print m "\tcairn-vs-nspawn\t" $3 }' "$samples" >"$run/extra.tsv"
@@ -357,6 +405,7 @@ par10() {
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   return "$rc"
 }
+export -f par10
 if phase parallel; then
   for img in "${img_list[@]}"; do
     phase start || prepare_classic "$img"
@@ -372,8 +421,8 @@ if phase parallel; then
       timeit "$m" crun-10 par10 crun_true "$img"
       timeit "$m" classic-10 par10 classic_true "$img"
       if [ "$have_cairn_run" -eq 1 ]; then
-        timeit "$m" cairn-1 cairn_true "$img"
-        timeit "$m" cairn-10 par10 cairn_true "$img"
+        hv_timeit "$m" cairn-1 cairn_true "$img"
+        hv_timeit "$m" cairn-10 par10 cairn_true "$img"
       fi
       say "$m $i/$runs done"
     done
@@ -395,6 +444,7 @@ chown_true() {
   crun run --bundle "$d/b" "b3-$BASHPID-$RANDOM" </dev/null
 }
 cairn_userns_true() { "$cairn" run --userns auto "bench3-$1" /bin/true; }
+export -f cairn_userns_true
 if phase userns; then
   for img in "${img_list[@]}"; do
     mkdir -p "$run/bundle-userns-$img"
@@ -406,7 +456,7 @@ if phase userns; then
     for i in $(seq 1 "$runs"); do
       timeit "$m" chown chown_true "$img"
       rm -rf "$run"/ch-"$img"-*
-      [ "$have_cairn_run" -eq 0 ] || timeit "$m" cairn-auto cairn_userns_true "$img"
+      [ "$have_cairn_run" -eq 0 ] || hv_timeit "$m" cairn-auto cairn_userns_true "$img"
       say "$m $i/$runs: $(tail -2 "$samples" | cut -f2,3 | tr '\t\n' '  ')"
     done
   done
@@ -456,12 +506,11 @@ EOF
     cp "$run/pull-template-$img/config.json" "$d/b/config.json"
     crun run --bundle "$d/b" "b3-$BASHPID-$RANDOM" </dev/null
   }
-  pull_cairn() {
-    local img=$1 d
-    d=$(fresh "pc-$img")
-    CAIRN_ROOT=$d/store "$cairn" -q pull "$reg/bench3/$img:v1"
-    CAIRN_ROOT=$d/store "$cairn" run "$reg/bench3/$img:v1" /bin/true
+  pull_cairn() { # STORE REFERENCE
+    CAIRN_ROOT=$1 "$cairn" -q pull "$2"
+    CAIRN_ROOT=$1 "$cairn" run "$2" /bin/true
   }
+  export -f pull_cairn
   for img in "${img_list[@]}"; do
     m="pull+run cold $img"
     row "$m" umoci "skopeo copy + umoci unpack + crun"
@@ -472,7 +521,7 @@ EOF
       timeit "$m" umoci pull_umoci "$img"
       if [ "$have_cairn_run" -eq 1 ]; then
         drop_caches
-        timeit "$m" cairn pull_cairn "$img"
+        hv_timeit "$m" cairn pull_cairn "$(fresh "pc-$img")/store" "$reg/bench3/$img:v1"
       fi
       say "$m $i/$runs: $(tail -2 "$samples" | cut -f2,3 | tr '\t\n' '  ')"
     done
@@ -516,7 +565,7 @@ EOF
     umount "$d/up"
     if [ "$have_cairn_run" -eq 1 ]; then
       for up in tmpfs disk; do
-        rec "$m" "cairn-$up" "$("$cairn" run --upper "$up" -v "$run/fsstress:/fsstress:ro" "bench3-$cimg" \
+        rec "$m" "cairn-$up" "$(hostview "$cairn" run --upper "$up" -v "$run/fsstress:/fsstress:ro" "bench3-$cimg" \
           /fsstress -d /tmp/w -n 500 -p 20 -s "$i" | fss)"
       done
     fi
@@ -525,12 +574,19 @@ EOF
 fi
 
 # ---------------------------------------------------------------- report
-meta notes "warm = caches warm, the image already in the store / the layers already unpacked; cold = page cache dropped, nothing local. nspawn: --register=no --keep-unit -q (PID 1 is not systemd here); the tree must hold /etc/os-release or /usr/lib/os-release."
+meta notes "warm = caches warm, the image already in the store / the layers already unpacked; cold = page cache dropped, nothing local. cairn and nspawn run in the host's own cgroup view (bench/README.md: host view). nspawn: --register=no --keep-unit -q (PID 1 is not systemd here); the tree must hold /etc/os-release or /usr/lib/os-release."
+meta load "before: $BENCH3_LOAD; after: $(cut -d' ' -f1-3 /proc/loadavg)"
 leftover=$(findmnt -rn -o TARGET | grep -cF "$run/" || true)
 [ "$leftover" -le 1 ] || say "WARNING: $leftover mounts under $run before cleanup"
 mkdir -p "$repo/bench/results"
 if [ -n "$out" ]; then png=${out%.md}.png; else png=$repo/bench/results/run3-$stamp.png; fi
-python3 "$here/lib/report3.py" "$run" "$png" >"$run/report.md" || true
+# The chart needs matplotlib; a python3 first in PATH (pyenv, venv) may lack
+# it where the distribution's has it (setup.sh installs python3-matplotlib).
+py=python3
+if ! python3 -c 'import matplotlib' 2>/dev/null && /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  py=/usr/bin/python3
+fi
+"$py" "$here/lib/report3.py" "$run" "$png" >"$run/report.md" || true
 cat "$run/report.md"
 [ -z "$out" ] || cp "$run/report.md" "$out"
 say "chart: $png"
