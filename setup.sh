@@ -111,16 +111,17 @@ fi
 
 step "Build (cargo build --release)"
 cargo build --release
-echo "built $(pwd)/target/release/cairn"
+cairn_bin=$(readlink -f "${CARGO_TARGET_DIR:-target}/release/cairn")
+echo "built $cairn_bin"
 
 # The built-in demo image (`cairn run demo -- echo hello`), in both modes:
 # tests and CI use it too. Reproducible, so running setup again changes nothing.
 step "Demo image (busybox-static -> image 'demo' in ${CAIRN_ROOT:-/var/lib/cairn})"
-scripts/make-demo-image.sh target/release/cairn
+scripts/make-demo-image.sh "$cairn_bin"
 
 if [ "$demo" -eq 1 ]; then
   step "Demo"
-  scripts/demo.sh target/release/cairn
+  scripts/demo.sh "$cairn_bin"
 fi
 
 step "Done"

@@ -441,7 +441,10 @@ chown_true() {
   cp -a "$run/plain-$img" "$d/root"
   chown -R -h 100000:100000 "$d/root"
   sed "s|\"path\": \"$run/plain-$img\"|\"path\": \"$d/root\"|" "$run/bundle-userns-$img/config.json" >"$d/b/config.json"
-  crun run --bundle "$d/b" "b3-$BASHPID-$RANDOM" </dev/null
+  # Pipes, never /dev/null or a file: crun fchowns the stdio it is given to
+  # the container's root (here host uid 100000), which would chown the host's
+  # /dev/null.
+  : | crun run --bundle "$d/b" "b3-$BASHPID-$RANDOM" 2>&1 | cat
 }
 cairn_userns_true() { "$cairn" run --userns auto "bench3-$1" /bin/true; }
 export -f cairn_userns_true

@@ -7,14 +7,14 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::containers::*;
 use common::*;
 
 struct Fixture {
@@ -128,17 +128,6 @@ fn containers(f: &Fixture) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(secs),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -174,60 +163,6 @@ fn http_get(port: u16) -> String {
 /// crun's state dir: one entry per container crun knows.
 fn crun_containers(f: &Fixture) -> Vec<String> {
     entries(&f.root.join("run/crun"))
-}
-
-fn leaked_cgroups() -> Vec<PathBuf> {
-    fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-        if depth > 6 {
-            return;
-        }
-        let Ok(rd) = fs::read_dir(dir) else { return };
-        for e in rd.flatten() {
-            if !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            if e.file_name() == "cairn" {
-                for g in fs::read_dir(e.path()).into_iter().flatten().flatten() {
-                    if g.file_type().is_ok_and(|t| t.is_dir()) {
-                        out.push(g.path());
-                    }
-                }
-            } else {
-                walk(&e.path(), depth + 1, out);
-            }
-        }
-    }
-    let mut groups = Vec::new();
-    walk(Path::new("/sys/fs/cgroup"), 0, &mut groups);
-    let live: BTreeSet<String> = fs::read_dir(std::env::temp_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("cairn-run"))
-        .flat_map(|e| {
-            fs::read_dir(e.path().join("store/containers"))
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    groups
-        .into_iter()
-        .filter(|g| !live.contains(&g.file_name().unwrap().to_string_lossy().into_owned()))
-        .collect()
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 /// Nothing of a container or a listener may be left.

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::containers::*;
 use common::*;
 
 struct Fixture {
@@ -114,18 +115,6 @@ fn ps_json(f: &Fixture, all: bool) -> Vec<serde_json::Value> {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("ps --json: {e}: {text}"))
 }
 
-/// Waits until `cond` holds, up to `secs`.
-fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(secs),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The pid of the running container named `name`.
 fn container_pid(f: &Fixture, name: &str) -> i32 {
     let mut pid = 0;
@@ -147,62 +136,6 @@ fn kill9(pid: i32) {
         rustix::process::Pid::from_raw(pid).unwrap(),
         rustix::process::Signal::KILL,
     );
-}
-
-/// `cairn/<id>` cgroups (any hierarchy) whose container directory exists
-/// in no test store: leaked ones.
-fn leaked_cgroups() -> Vec<PathBuf> {
-    fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-        if depth > 6 {
-            return;
-        }
-        let Ok(rd) = fs::read_dir(dir) else { return };
-        for e in rd.flatten() {
-            if !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            if e.file_name() == "cairn" {
-                for g in fs::read_dir(e.path()).into_iter().flatten().flatten() {
-                    if g.file_type().is_ok_and(|t| t.is_dir()) {
-                        out.push(g.path());
-                    }
-                }
-            } else {
-                walk(&e.path(), depth + 1, out);
-            }
-        }
-    }
-    let mut groups = Vec::new();
-    walk(Path::new("/sys/fs/cgroup"), 0, &mut groups);
-    let live: BTreeSet<String> = fs::read_dir(std::env::temp_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("cairn-run"))
-        .flat_map(|e| {
-            fs::read_dir(e.path().join("store/containers"))
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    groups
-        .into_iter()
-        .filter(|g| !live.contains(&g.file_name().unwrap().to_string_lossy().into_owned()))
-        .collect()
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 /// Everything a finished container could leave: none of it may be there.

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod containers;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs;

@@ -1,0 +1,84 @@
+//! Helpers for the container tests (`privileged_run`, `privileged_listen`):
+//! waiting for a condition, listing a directory, finding leaked cgroups.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Temporary directories of the container tests (privileged_run, and
+/// privileged_listen as cairn-run-listen): containers of their stores are live.
+const TEST_DIR_PREFIXES: &[&str] = &["cairn-run"];
+
+/// Waits until `cond` holds, up to `secs`.
+pub fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// `cairn/<id>` cgroups (any hierarchy) whose container directory exists
+/// in no test store: leaked ones.
+pub fn leaked_cgroups() -> Vec<PathBuf> {
+    fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+        if depth > 6 {
+            return;
+        }
+        let Ok(rd) = fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if e.file_name() == "cairn" {
+                for g in fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                    if g.file_type().is_ok_and(|t| t.is_dir()) {
+                        out.push(g.path());
+                    }
+                }
+            } else {
+                walk(&e.path(), depth + 1, out);
+            }
+        }
+    }
+    let mut groups = Vec::new();
+    walk(Path::new("/sys/fs/cgroup"), 0, &mut groups);
+    let live: BTreeSet<String> = fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            TEST_DIR_PREFIXES.iter().any(|p| n.starts_with(p))
+        })
+        .flat_map(|e| {
+            fs::read_dir(e.path().join("store/containers"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    groups
+        .into_iter()
+        .filter(|g| !live.contains(&g.file_name().unwrap().to_string_lossy().into_owned()))
+        .collect()
+}
