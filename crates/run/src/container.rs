@@ -648,17 +648,7 @@ pub fn run_foreground(paths: &Paths, spec: &RunSpec) -> Result<i32, RunError> {
     let (client, monitor_end) = UnixStream::pair()
         .map_err(|e| RunError::io("creating socketpair for", prepared.dir(), e))?;
     match fork_monitor() {
-        Err(e) => {
-            let mut st = prepared.state.clone();
-            st.remove = true;
-            drop(prepared);
-            teardown(paths, &mut st);
-            Err(RunError::io(
-                "forking the monitor for",
-                paths.container(&st.id),
-                e,
-            ))
-        }
+        Err(e) => Err(monitor_fork_failed(paths, prepared, e)),
         Ok(Forked::Monitor) => {
             drop(client);
             monitor::monitor_main(paths, prepared, Some(monitor_end), &spec)
@@ -685,6 +675,15 @@ pub fn run_foreground(paths: &Paths, spec: &RunSpec) -> Result<i32, RunError> {
     }
 }
 
+/// Undoes a prepared container whose monitor could not be forked.
+fn monitor_fork_failed(paths: &Paths, prepared: Prepared, e: std::io::Error) -> RunError {
+    let mut st = prepared.state.clone();
+    st.remove = true;
+    drop(prepared);
+    teardown(paths, &mut st);
+    RunError::io("forking the monitor for", paths.container(&st.id), e)
+}
+
 /// Starts a detached container and returns once crun is running it.
 pub fn start_detached(paths: &Paths, spec: &RunSpec) -> Result<Started, RunError> {
     let mut spec = spec.clone();
@@ -693,17 +692,7 @@ pub fn start_detached(paths: &Paths, spec: &RunSpec) -> Result<Started, RunError
     let (mut client, monitor_end) = UnixStream::pair()
         .map_err(|e| RunError::io("creating socketpair for", prepared.dir(), e))?;
     match fork_monitor() {
-        Err(e) => {
-            let mut st = prepared.state.clone();
-            st.remove = true;
-            drop(prepared);
-            teardown(paths, &mut st);
-            Err(RunError::io(
-                "forking the monitor for",
-                paths.container(&st.id),
-                e,
-            ))
-        }
+        Err(e) => Err(monitor_fork_failed(paths, prepared, e)),
         Ok(Forked::Monitor) => {
             drop(client);
             monitor::monitor_main(paths, prepared, Some(monitor_end), &spec)

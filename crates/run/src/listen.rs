@@ -67,7 +67,6 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -78,6 +77,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::container::{start_detached, RunSpec};
 use crate::spec::Network;
+use crate::state::open_lock;
 use crate::state::{self, Paths};
 use crate::sys::{fork_monitor, Forked, SignalFd};
 use crate::RunError;
@@ -219,19 +219,6 @@ fn write_state(dir: &Path, st: &ListenState) -> Result<(), RunError> {
 
 fn read_state(dir: &Path) -> Option<ListenState> {
     serde_json::from_slice(&fs::read(dir.join("listen.json")).ok()?).ok()
-}
-
-fn open_lock(dir: &Path) -> Result<File, RunError> {
-    let path = dir.join("lock");
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| io_err("opening", &path, e))
 }
 
 /// Takes a listener's lock if its proxy is gone.

@@ -228,7 +228,8 @@ pub fn create_dir(paths: &Paths, id: &str) -> Result<Locked, RunError> {
     Ok(Locked { dir, lock })
 }
 
-fn open_lock(dir: &Path) -> Result<File, RunError> {
+/// Opens (creating) the `lock` file of a container or listener directory.
+pub(crate) fn open_lock(dir: &Path) -> Result<File, RunError> {
     let path = dir.join("lock");
     OpenOptions::new()
         .read(true)
