@@ -72,7 +72,7 @@ mount_snapshot() {
 run_cargo_test() {
   local rc=0
   # shellcheck disable=SC2086 # CARGO_TEST_ARGS is a list of words
-  timeout "${TEST_TIMEOUT:-1200}" cargo test --workspace --release -- ${CARGO_TEST_ARGS:-} 2>&1 |
+  timeout "${TEST_TIMEOUT:-1200}" cargo test --workspace --release --no-fail-fast -- ${CARGO_TEST_ARGS:-} 2>&1 |
     tee "$logs/cargo-test.log" || rc=$?
   local p f i
   read -r p f i < <(awk '/^test result:/ {

@@ -19,9 +19,14 @@ fn check_dump_input(data: &[u8]) {
     for strict in [true, false] {
         if let Ok(tree) = parse_dump(data, &ParseOptions { strict }) {
             if let Ok(image) = mkfs_erofs_to_vec(&tree, &WriteOptions::default()) {
+                // The first read-back may lose what the format does not keep
+                // (a fifo's declared size still decides the inode format, as
+                // in mkcomposefs); from then on it is a fixed point.
                 let back = read_image(&image).expect("reading back our own image");
                 let again = mkfs_erofs_to_vec(&back, &WriteOptions::default()).expect("rewrite");
-                assert!(again == image, "image changed after read + write");
+                let back2 = read_image(&again).expect("reading back again");
+                let third = mkfs_erofs_to_vec(&back2, &WriteOptions::default()).expect("rewrite");
+                assert!(third == again, "image changed after read + write");
             }
         }
     }
