@@ -288,8 +288,13 @@ pub fn remove(cg: &Cgroups) -> Vec<String> {
 }
 
 fn rmdir_tree(g: &Path) -> io::Result<()> {
-    let entries = fs::read_dir(g)?;
-    for e in entries.flatten() {
+    // Usually the group is empty (crun removed its own below it): one
+    // rmdir. Child groups or an exiting process make it EBUSY.
+    match fs::remove_dir(g) {
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+        r => return r,
+    }
+    for e in fs::read_dir(g)?.flatten() {
         if e.file_type().is_ok_and(|t| t.is_dir()) {
             rmdir_tree(&e.path())?;
         }

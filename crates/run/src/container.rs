@@ -6,11 +6,11 @@
 //! that [`teardown`], run from the monitor or from a reaper after a crash,
 //! frees exactly what exists. Teardown is idempotent.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsString};
 use std::fs;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -25,7 +25,9 @@ use crate::image_config::{resolve_user, ImageConfig};
 use crate::monitor;
 use crate::spec::{self, build_spec, merge_env, Limits, Network, SpecInput, Volume, DEFAULT_PATH};
 use crate::state::{self, Locked, Paths, State, Status, UpperKind, UsernsRange};
-use crate::sys::{fork_monitor, Forked};
+use crate::sys::{
+    fork_child_monitor, fork_monitor, Forked, NsSetup, SpawnError, SpawnSpec, Spawned,
+};
 use crate::userns::{self, Pool};
 use crate::{crun, RunError};
 
@@ -586,17 +588,6 @@ pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
             }
         }
     }
-    for f in [
-        "config.json",
-        "hosts",
-        "resolv.conf",
-        "hostname",
-        "console.sock",
-        "pid",
-    ] {
-        let _ = fs::remove_file(dir.join(f));
-    }
-    let _ = fs::remove_dir(dir.join("rootfs"));
     if st.remove {
         if !st.name.is_empty() {
             state::release_name(paths, &st.name, &st.id);
@@ -607,6 +598,17 @@ pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
             }
         }
     } else {
+        for f in [
+            "config.json",
+            "hosts",
+            "resolv.conf",
+            "hostname",
+            "console.sock",
+            "pid",
+        ] {
+            let _ = fs::remove_file(dir.join(f));
+        }
+        let _ = fs::remove_dir(dir.join("rootfs"));
         if st.status != Status::Exited {
             st.status = Status::Exited;
             st.finished.get_or_insert_with(state::now);
@@ -618,25 +620,91 @@ pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
     problems
 }
 
-/// What the monitor runs: `crun run` on the bundle.
-pub(crate) fn crun_run_command(
+/// What the monitor runs: `crun run` on the bundle, with `stdio` as its
+/// fds 0, 1 and 2. On a hybrid host crun starts in the container's
+/// cgroup2 view group (`CLONE_INTO_CGROUP`) and joins the v1 limit groups.
+pub(crate) fn crun_run_spawn(
     paths: &Paths,
     p: &Prepared,
-) -> Result<(std::process::Command, crate::sys::NsSetup), RunError> {
-    let (mut cmd, mut setup) = crun::command(paths, p.state.cgroups.as_ref(), true)?;
+    stdio: [OwnedFd; 3],
+) -> Result<SpawnSpec, RunError> {
     let dir = p.dir();
-    cmd.arg("run").arg("--bundle").arg(dir);
-    cmd.arg("--pid-file").arg(dir.join("pid"));
+    let mut args = vec![OsString::from("crun")];
+    args.extend(crun::global_args(paths));
+    args.extend(["run".into(), "--bundle".into(), dir.into()]);
+    args.extend(["--pid-file".into(), dir.join("pid").into()]);
     if let Some(c) = &p.console {
-        cmd.arg("--console-socket").arg(&c.crun_path);
+        args.extend(["--console-socket".into(), c.crun_path.clone().into()]);
     }
-    cmd.arg(&p.state.id);
-    cmd.current_dir(dir);
-    setup.new_mount_ns = true;
-    let target = CString::new(dir.join("rootfs").as_os_str().as_bytes())
-        .map_err(|_| RunError::Invalid("container path has a NUL byte".into()))?;
-    setup.rootfs = Some((crate::sys::raw(p.mount.as_fd()), target));
-    Ok((cmd, setup))
+    args.push(p.state.id.clone().into());
+    let nul = |what: &str| RunError::Invalid(format!("{what} contains a NUL byte"));
+    let argv = args
+        .iter()
+        .map(|a| CString::new(a.as_bytes()).map_err(|_| nul("a crun argument")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let envp = std::env::vars_os()
+        .map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            CString::new(kv).map_err(|_| nul("the environment"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut setup = NsSetup {
+        new_mount_ns: true,
+        rootfs: Some((
+            crate::sys::raw(p.mount.as_fd()),
+            crun::cstring(&dir.join("rootfs"))?,
+        )),
+        ..NsSetup::default()
+    };
+    let mut cgroup_dir = None;
+    if let Some(cg) = p
+        .state
+        .cgroups
+        .as_ref()
+        .filter(|c| c.layout == Layout::Hybrid)
+    {
+        setup.cgroup2_view = true;
+        for g in &cg.v1 {
+            setup.join.push(crun::cstring(&g.join("cgroup.procs"))?);
+        }
+        if let Some(view) = &cg.view {
+            let fd = rustix::fs::open(
+                view,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| RunError::io("opening cgroup", view, e.into()))?;
+            cgroup_dir = Some((fd, crun::cstring(&view.join("cgroup.procs"))?));
+        }
+    }
+    Ok(SpawnSpec {
+        program: crun::run_program()?,
+        argv,
+        envp,
+        cwd: crun::cstring(dir)?,
+        stdio,
+        cgroup: cgroup_dir,
+        setup,
+    })
+}
+
+/// Starts `spec`; where the kernel refuses to start it straight in its
+/// cgroup, starts it and has it join the group instead.
+pub(crate) fn spawn_crun(mut spec: SpawnSpec) -> Result<Spawned, RunError> {
+    let failed =
+        |e: SpawnError| RunError::Crun(format!("starting {}: {e}", crate::crun::crun_binary()));
+    match crate::sys::spawn(&spec) {
+        Err(SpawnError::Clone(e)) if spec.cgroup.is_some() => {
+            tracing::debug!("clone3 into the cgroup: {e}; joining it after the fork");
+            if let Some((_, procs)) = spec.cgroup.take() {
+                spec.setup.join.insert(0, procs);
+            }
+            crate::sys::spawn(&spec).map_err(failed)
+        }
+        r => r.map_err(failed),
+    }
 }
 
 /// Runs a container in the foreground; returns its exit code (128+N when
@@ -647,7 +715,7 @@ pub fn run_foreground(paths: &Paths, spec: &RunSpec) -> Result<i32, RunError> {
     let prepared = prepare(paths, &spec)?;
     let (client, monitor_end) = UnixStream::pair()
         .map_err(|e| RunError::io("creating socketpair for", prepared.dir(), e))?;
-    match fork_monitor() {
+    match fork_child_monitor() {
         Err(e) => Err(monitor_fork_failed(paths, prepared, e)),
         Ok(Forked::Monitor) => {
             drop(client);

@@ -18,13 +18,14 @@ use std::time::{Duration, Instant};
 
 use cairn_store::StoreLock;
 use rustix::event::{poll, PollFd, PollFlags};
-use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+use rustix::process::{pidfd_send_signal, Signal};
 
 use crate::console::{copy_winsize, ConsoleListener, RawMode};
-use crate::container::{crun_run_command, teardown, Prepared, RunSpec};
+use crate::container::{crun_run_spawn, spawn_crun, teardown, Prepared, RunSpec};
 use crate::state::{self, Locked, Paths, State, Status};
 use crate::stdio::{StdioPipes, Stream};
 use crate::sys::SignalFd;
+use crate::sys::Spawned;
 use crate::RunError;
 
 /// Signals `cairn run` passes on to the container (as podman's sig-proxy).
@@ -96,15 +97,10 @@ fn monitor(
             RunError::io("redirecting the monitor's output to", &log_path, e.into())
         })?;
     }
-    let (mut cmd, setup) = crun_run_command(paths, &p)?;
     let stdin_live = spec.interactive && !spec.tty && !st.detached;
     let mut pipes = StdioPipes::new().map_err(|e| RunError::io("creating pipes in", &dir, e))?;
-    let (stdin, stdout, stderr) = pipes.child_stdio();
-    cmd.stdin(stdin).stdout(stdout).stderr(stderr);
-    setup.install(&mut cmd);
-    let spawned = cmd.spawn();
-    // The Command holds the child's ends of the pipes.
-    drop(cmd);
+    let spawn_spec = crun_run_spawn(paths, &p, pipes.child_fds());
+    let spawned = spawn_spec.and_then(spawn_crun);
     pipes.start_stdin(stdin_live);
     let Prepared {
         locked,
@@ -118,20 +114,17 @@ fn monitor(
     drop(store_lock);
     // The foreground client accepts the console itself.
     let console = if st.detached { console } else { None };
-    let mut child = match spawned {
-        Ok(c) => c,
+    let Spawned {
+        pid: crun_pid,
+        pidfd,
+    } = match spawned {
+        Ok(s) => s,
         Err(e) => {
             st.remove = true;
             teardown(paths, &mut st);
-            return Err(RunError::Crun(format!(
-                "starting {}: {e}",
-                crate::crun::crun_binary()
-            )));
+            return Err(e);
         }
     };
-    let crun_pid = Pid::from_raw(child.id() as i32).expect("child pid is positive");
-    let pidfd = pidfd_open(crun_pid, PidfdFlags::empty())
-        .map_err(|e| RunError::io("pidfd_open for crun in", &dir, e.into()))?;
     st.status = Status::Running;
     st.monitor_pid = Some(std::process::id() as i32);
     state::write_state(&dir, &st)?;
@@ -243,10 +236,14 @@ fn monitor(
             started_sent = true;
         }
     }
-    let status = child
-        .wait()
-        .map_err(|e| RunError::io("waiting for crun in", &dir, e))?;
-    let code = exit_code(status);
+    let status = loop {
+        match rustix::process::waitpid(Some(crun_pid), rustix::process::WaitOptions::empty()) {
+            Err(rustix::io::Errno::INTR) | Ok(None) => continue,
+            Err(e) => return Err(RunError::io("waiting for crun in", &dir, e.into())),
+            Ok(Some((_, status))) => break status,
+        }
+    };
+    let code = exit_code(std::process::ExitStatus::from_raw(status.as_raw() as i32));
     pipes.drain();
     if !started_sent && !dir.join("pid").exists() {
         let tail = log

@@ -57,6 +57,12 @@ impl StdioPipes {
         (Stdio::from(i), Stdio::from(o), Stdio::from(e))
     }
 
+    /// The child's ends as fds (for `sys::spawn`): stdin, stdout, stderr.
+    pub fn child_fds(&mut self) -> [OwnedFd; 3] {
+        let (i, o, e) = self.child.take().expect("child ends taken once");
+        [i, o, e]
+    }
+
     /// Starts copying our stdin into the child's (`live`), or closes the
     /// child's stdin right away.
     pub fn start_stdin(&mut self, live: bool) {

@@ -1,10 +1,13 @@
 //! The crate's only `unsafe` code.
 //!
-//! - [`NsSetup::install`]: a `pre_exec` hook that runs in the forked child
-//!   just before it execs crun: join cgroups, enter a private mount (and
-//!   cgroup) namespace, mount cgroup2 on `/sys/fs/cgroup`, attach the
-//!   container's rootfs. Only system calls on data prepared by the parent:
-//!   no allocation, no locks (the parent may have other threads).
+//! - [`NsSetup`]: what a child does just before it execs crun: join
+//!   cgroups, enter a private mount (and cgroup) namespace, mount cgroup2
+//!   on `/sys/fs/cgroup`, attach the container's rootfs. Only system calls
+//!   on data prepared by the parent: no allocation, no locks (the parent
+//!   may have other threads). As a `pre_exec` hook ([`NsSetup::install`])
+//!   or in [`spawn`].
+//! - [`spawn`]: clone3 with a pidfd and `CLONE_INTO_CGROUP`, then exec by
+//!   path or from a sealed copy (`fexecve`); what std's `Command` cannot do.
 //! - [`fork_monitor`]: the double fork that makes a container's monitor.
 //! - [`SignalFd`]: signals blocked and read from a `signalfd`.
 //!
@@ -39,57 +42,62 @@ pub struct NsSetup {
 }
 
 impl NsSetup {
-    /// Installs the hook on `cmd`. The fd in `rootfs` must stay open until
-    /// `cmd` has been spawned.
+    /// Does the setup in the current process: join the cgroups, enter the
+    /// namespaces, mount, attach the rootfs. Only system calls on data
+    /// prepared earlier: safe between fork and exec.
+    fn apply(&self) -> rustix::io::Result<()> {
+        for procs in &self.join {
+            let fd = rustix::fs::open(
+                procs.as_c_str(),
+                OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            rustix::io::write(&fd, b"0")?;
+        }
+        if !self.new_mount_ns {
+            return Ok(());
+        }
+        let mut flags = UnshareFlags::NEWNS;
+        if self.cgroup2_view {
+            flags |= UnshareFlags::NEWCGROUP;
+        }
+        // SAFETY: unshare(CLONE_NEWNS|CLONE_NEWCGROUP) in a freshly forked,
+        // single-threaded child; neither flag affects memory safety (the
+        // "unsafe" in rustix is about CLONE_FILES/CLONE_VM-like sharing).
+        unsafe { rustix::thread::unshare_unsafe(flags)? };
+        rustix::mount::mount_change(
+            c"/",
+            MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+        )?;
+        if self.cgroup2_view {
+            rustix::mount::mount(
+                c"cgroup2",
+                c"/sys/fs/cgroup",
+                c"cgroup2",
+                MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                None,
+            )?;
+        }
+        if let Some((fd, target)) = &self.rootfs {
+            // SAFETY: the parent keeps this fd open until the child has
+            // exec'd, and the child is a copy of it, so the fd is valid here.
+            let mount = unsafe { BorrowedFd::borrow_raw(*fd) };
+            rustix::mount::move_mount(
+                mount,
+                c"",
+                CWD,
+                target.as_c_str(),
+                MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Installs the setup as a `pre_exec` hook on `cmd`. The fd in
+    /// `rootfs` must stay open until `cmd` has been spawned.
     pub fn install(self, cmd: &mut Command) {
         let setup = self;
-        let hook = move || -> io::Result<()> {
-            for procs in &setup.join {
-                let fd = rustix::fs::open(
-                    procs.as_c_str(),
-                    OFlags::WRONLY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )?;
-                rustix::io::write(&fd, b"0")?;
-            }
-            if !setup.new_mount_ns {
-                return Ok(());
-            }
-            let mut flags = UnshareFlags::NEWNS;
-            if setup.cgroup2_view {
-                flags |= UnshareFlags::NEWCGROUP;
-            }
-            // SAFETY: unshare(CLONE_NEWNS|CLONE_NEWCGROUP) in a freshly forked,
-            // single-threaded child; neither flag affects memory safety (the
-            // "unsafe" in rustix is about CLONE_FILES/CLONE_VM-like sharing).
-            unsafe { rustix::thread::unshare_unsafe(flags)? };
-            rustix::mount::mount_change(
-                c"/",
-                MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-            )?;
-            if setup.cgroup2_view {
-                rustix::mount::mount(
-                    c"cgroup2",
-                    c"/sys/fs/cgroup",
-                    c"cgroup2",
-                    MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-                    None,
-                )?;
-            }
-            if let Some((fd, target)) = &setup.rootfs {
-                // SAFETY: the parent keeps this fd open until spawn returns,
-                // and the child is a copy of it, so the fd is valid here.
-                let mount = unsafe { BorrowedFd::borrow_raw(*fd) };
-                rustix::mount::move_mount(
-                    mount,
-                    c"",
-                    CWD,
-                    target.as_c_str(),
-                    MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-                )?;
-            }
-            Ok(())
-        };
+        let hook = move || -> io::Result<()> { Ok(setup.apply()?) };
         // SAFETY: the hook only makes system calls on data owned by the
         // closure (no allocation, no locking), which is what is allowed
         // between fork and exec in a possibly multi-threaded parent.
@@ -97,6 +105,223 @@ impl NsSetup {
             cmd.pre_exec(hook);
         }
     }
+}
+
+/// The program [`spawn`] executes.
+#[derive(Debug)]
+pub enum Program {
+    /// By absolute path.
+    Path(CString),
+    /// A sealed in-memory copy (see `crun::sealed_copy`), executed by fd.
+    Sealed(OwnedFd),
+}
+
+/// A process for [`spawn`]: everything prepared, so that the child only
+/// makes system calls.
+#[derive(Debug)]
+pub struct SpawnSpec {
+    pub program: Program,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub cwd: CString,
+    /// Become the child's fds 0, 1 and 2.
+    pub stdio: [OwnedFd; 3],
+    /// A cgroup2 directory the child starts in (`CLONE_INTO_CGROUP`): no
+    /// write to `cgroup.procs`, whose cost (an RCU grace period for the
+    /// cgroup threadgroup lock, 10 ms and more after an idle moment) would
+    /// land on every container start. With the group's `cgroup.procs`, for
+    /// kernels that refuse that.
+    pub cgroup: Option<(OwnedFd, CString)>,
+    pub setup: NsSetup,
+}
+
+/// A started child.
+#[derive(Debug)]
+pub struct Spawned {
+    pub pid: rustix::process::Pid,
+    pub pidfd: OwnedFd,
+}
+
+/// Why [`spawn`] failed.
+#[derive(Debug)]
+pub enum SpawnError {
+    /// clone3 itself failed (nothing was started): an old kernel, or one
+    /// that refuses `CLONE_INTO_CGROUP` for that group.
+    Clone(io::Error),
+    /// The child failed in `stage` before it could exec.
+    Child {
+        stage: &'static str,
+        error: io::Error,
+    },
+}
+
+impl std::fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpawnError::Clone(e) => write!(f, "clone3: {e}"),
+            SpawnError::Child { stage, error } => write!(f, "{stage}: {error}"),
+        }
+    }
+}
+
+/// `struct clone_args` of clone3(2), up to `CLONE_ARGS_SIZE_VER2`.
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+const _: () = assert!(std::mem::size_of::<CloneArgs>() == 88);
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// The stages a child reports failure in (an index, over the error pipe).
+const STAGES: [&str; 4] = [
+    "setting up stdio",
+    "entering the container's namespaces and cgroups",
+    "changing directory",
+    "executing",
+];
+
+/// Starts `spec` with clone3 (a pidfd, optionally straight into a cgroup)
+/// and returns once the child has exec'd, or with why it could not.
+pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+    let argv = null_terminated(&spec.argv);
+    let envp = null_terminated(&spec.envp);
+    let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SpawnError::Clone(e.into()))?;
+    let mut pidfd: libc::c_int = -1;
+    let mut args = CloneArgs {
+        flags: libc::CLONE_PIDFD as u64,
+        pidfd: std::ptr::addr_of_mut!(pidfd) as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..CloneArgs::default()
+    };
+    if let Some((cg, _)) = &spec.cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = cg.as_raw_fd() as u64;
+    }
+    // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy of
+    // this address space and runs `child`, which only makes system calls
+    // on data prepared above (no allocation, no locks: another thread of
+    // ours may have held a lock at the moment of the copy) and never
+    // returns. `args` and `pidfd` outlive the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            std::ptr::addr_of_mut!(args),
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if ret < 0 {
+        return Err(SpawnError::Clone(io::Error::last_os_error()));
+    }
+    if ret == 0 {
+        child(spec, &argv, &envp, err_w.as_raw_fd());
+    }
+    drop(err_w);
+    // SAFETY: the kernel stored a new pidfd there (CLONE_PIDFD), owned by us.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let pid = rustix::process::Pid::from_raw(ret as i32).expect("clone3 returned a positive pid");
+    let mut report = [0u8; 8];
+    let mut got = 0;
+    while got < report.len() {
+        match rustix::io::read(&err_r, &mut report[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => break,
+        }
+    }
+    if got == 0 {
+        return Ok(Spawned { pid, pidfd });
+    }
+    // The child failed and exits: reap it.
+    let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+    let stage = u32::from_ne_bytes([report[0], report[1], report[2], report[3]]) as usize;
+    let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
+    Err(SpawnError::Child {
+        stage: STAGES.get(stage).copied().unwrap_or("starting"),
+        error: io::Error::from_raw_os_error(errno),
+    })
+}
+
+fn null_terminated(v: &[CString]) -> Vec<*const libc::c_char> {
+    v.iter()
+        .map(|c| c.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+/// Reports `stage` and `errno` to the parent of a [`spawn`] and exits.
+fn child_fail(err_w: RawFd, stage: u32, errno: i32) -> ! {
+    let mut report = [0u8; 8];
+    report[..4].copy_from_slice(&stage.to_ne_bytes());
+    report[4..].copy_from_slice(&errno.to_ne_bytes());
+    // SAFETY: write(2) and _exit(2) on our own fd; nothing else runs.
+    unsafe {
+        libc::write(err_w, report.as_ptr().cast(), report.len());
+        libc::_exit(127)
+    }
+}
+
+/// The child side of [`spawn`]: system calls only, then exec or `_exit`.
+fn child(
+    spec: &SpawnSpec,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+    err_w: RawFd,
+) -> ! {
+    let fail = |stage: u32, errno: i32| child_fail(err_w, stage, errno);
+    // SAFETY: plain system calls on valid arguments. The signal mask and
+    // SIGPIPE's disposition are reset as std's Command does (Rust ignores
+    // SIGPIPE; the monitor may block signals).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    // Move sources out of 0..=2 first, so that no dup2 overwrites a
+    // source still to be used.
+    let mut src = [-1; 3];
+    for (i, fd) in spec.stdio.iter().enumerate() {
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an fd we own.
+        let d = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+        if d < 0 {
+            fail(0, io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        src[i] = d;
+    }
+    for (target, fd) in src.iter().enumerate() {
+        // SAFETY: dup2 onto 0, 1, 2 (clears close-on-exec there).
+        if unsafe { libc::dup2(*fd, target as i32) } < 0 {
+            fail(0, io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+    }
+    if let Err(e) = spec.setup.apply() {
+        fail(1, e.raw_os_error());
+    }
+    if let Err(e) = rustix::process::chdir(spec.cwd.as_c_str()) {
+        fail(2, e.raw_os_error());
+    }
+    // SAFETY: argv and envp are null-terminated arrays of pointers to
+    // NUL-terminated strings that live in `spec`, which outlives this call.
+    unsafe {
+        match &spec.program {
+            Program::Path(p) => libc::execve(p.as_ptr(), argv.as_ptr(), envp.as_ptr()),
+            Program::Sealed(fd) => libc::fexecve(fd.as_raw_fd(), argv.as_ptr(), envp.as_ptr()),
+        };
+    }
+    fail(3, io::Error::last_os_error().raw_os_error().unwrap_or(0))
 }
 
 /// Which side of [`fork_monitor`] we are on.
@@ -143,6 +368,31 @@ pub fn fork_monitor() -> io::Result<Forked> {
         // SAFETY: _exit ends this intermediate process without running
         // destructors or atexit handlers that belong to the parent.
         unsafe { libc::_exit(if pid > 0 && ok { 0 } else { 1 }) };
+    }
+    Ok(Forked::Monitor)
+}
+
+/// One fork with `setsid` in the child, which becomes the monitor while
+/// staying the caller's child: for a caller that exits soon after the
+/// monitor (a foreground `cairn run`), so nobody is left with a zombie,
+/// and one fork less on the way to the container's start. The monitor is
+/// a session leader and so must never open a terminal device (it receives
+/// a console's fd over a socket, which gives no controlling terminal).
+/// The caller must be single-threaded, as for [`fork_monitor`].
+pub fn fork_child_monitor() -> io::Result<Forked> {
+    // SAFETY: fork in a single-threaded process (documented requirement of
+    // this function); both sides continue with ordinary code.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid > 0 {
+        return Ok(Forked::Parent);
+    }
+    if rustix::process::setsid().is_err() {
+        // SAFETY: _exit ends this child without running the parent's
+        // destructors or atexit handlers.
+        unsafe { libc::_exit(1) };
     }
     Ok(Forked::Monitor)
 }
