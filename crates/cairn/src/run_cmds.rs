@@ -127,7 +127,7 @@ pub struct RunArgs {
     /// Most processes the container may have.
     #[arg(long)]
     pids_limit: Option<i64>,
-    /// Writable layer: tmpfs[:SIZE] (default, capped at 1G) or disk (a directory under the store, visible to du).
+    /// Writable layer: tmpfs[:SIZE] (default, capped at 1G) or disk[:SIZE] (a directory under the store, visible to du; with SIZE its own loop-mounted filesystem of that size).
     #[arg(long, default_value = "tmpfs", value_parser = parse_upper_choice)]
     upper: UpperChoice,
     /// Keep the writable layer after the container exits (`cairn container rm` removes it).
@@ -187,7 +187,9 @@ fn parse_upper_choice(s: &str) -> Result<UpperChoice, String> {
     match kind {
         "tmpfs" => Ok(UpperChoice::Tmpfs { size }),
         "disk" => Ok(UpperChoice::Disk { size }),
-        _ => Err(format!("unknown upper {s:?}: use tmpfs[:SIZE] or disk")),
+        _ => Err(format!(
+            "unknown upper {s:?}: use tmpfs[:SIZE] or disk[:SIZE]"
+        )),
     }
 }
 
@@ -604,7 +606,10 @@ impl From<&State> for Row {
                 cairn_run::state::UpperKind::Tmpfs { size } => {
                     format!("tmpfs:{}", crate::store_cmds::human_bytes(*size))
                 }
-                cairn_run::state::UpperKind::Disk => "disk".into(),
+                cairn_run::state::UpperKind::Disk { size: None } => "disk".into(),
+                cairn_run::state::UpperKind::Disk { size: Some(size) } => {
+                    format!("disk:{}", crate::store_cmds::human_bytes(*size))
+                }
             },
             kept_upper: s.kept_upper.clone(),
             userns: s.userns.map(|u| format!("{}:{}:{}", u.uid, u.gid, u.count)),

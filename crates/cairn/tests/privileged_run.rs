@@ -164,6 +164,17 @@ fn assert_nothing_left(f: &Fixture) {
         entries(&f.root.join("run/crun"))
     );
     assert!(ps_json(f, true).is_empty());
+    let loops = Command::new("losetup")
+        .args(["-n", "-l", "-O", "NAME,BACK-FILE"])
+        .output()
+        .unwrap();
+    let base = f.base().display().to_string();
+    let loops: Vec<String> = stdout(&loops)
+        .lines()
+        .filter(|l| l.contains(&base))
+        .map(String::from)
+        .collect();
+    assert!(loops.is_empty(), "loop devices left: {loops:?}");
     let leaked = leaked_cgroups();
     assert!(leaked.is_empty(), "cgroups left: {leaked:?}");
 }
@@ -351,10 +362,50 @@ fn privileged_run_uppers_tmpfs_cap_disk_and_keep() {
         "default cap is 1G"
     );
 
-    // No size for a disk upper without project quotas: refused, not ignored.
-    let o = out(&f, &["run", "--upper", "disk:1G", "T", "true"]);
+    // A size-capped disk upper: ENOSPC in the container at the cap; du on
+    // the host sees what it wrote while it runs; nothing left afterwards.
+    let o = out(&f, &["run", "--upper", "disk:1M", "T", "true"]);
     assert_eq!(o.status.code(), Some(125));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("project quotas"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("at least 8 MiB"));
+    let id = ok(
+        &f,
+        &[
+            "run",
+            "-d",
+            "--upper",
+            "disk:16M",
+            "T",
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=/big bs=1M count=64 2>/dev/null; echo rc=$?; \
+             dd if=/dev/zero of=/small bs=1M count=4 2>/dev/null; \
+             rm /big; dd if=/dev/zero of=/small bs=1M count=4 2>/dev/null; touch /done; sleep 30",
+        ],
+    );
+    let id = id.trim().to_string();
+    let cdir = f.root.join("containers").join(&id);
+    let upper = cdir.join("upperfs/upper");
+    wait_for(20, "the container to fill its disk upper", || {
+        upper.join("done").exists()
+    });
+    let du = Command::new("du").arg("-sk").arg(&upper).output().unwrap();
+    let kb: u64 = stdout(&du)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((4 * 1024..16 * 1024).contains(&kb), "du sees {kb} KiB");
+    let ps = ps_json(&f, false);
+    assert_eq!(ps[0]["upper"], "disk:16.8 MB", "{ps:?}");
+    ok(&f, &["stop", "-t", "0", &id]);
+    let log = ok(&f, &["logs", &id]);
+    assert!(
+        log.contains("rc=1"),
+        "the 64M write must fail at the 16M cap: {log}"
+    );
+    assert!(!cdir.join("upperfs").exists() && !cdir.join("upper.img").exists());
+    ok(&f, &["container", "rm", &id]);
 
     // A disk upper: usage visible to du under the store while it runs.
     let id = ok(
@@ -414,13 +465,28 @@ fn privileged_run_uppers_tmpfs_cap_disk_and_keep() {
             "echo kept > /k",
         ],
     );
+    ok(
+        &f,
+        &[
+            "run",
+            "--keep",
+            "--upper",
+            "disk:16M",
+            "--name",
+            "kds",
+            "T",
+            "sh",
+            "-c",
+            "echo kept > /k",
+        ],
+    );
     let all = ps_json(&f, true);
-    assert_eq!(all.len(), 2);
+    assert_eq!(all.len(), 3);
     for c in &all {
         let kept = PathBuf::from(c["kept_upper"].as_str().unwrap());
         assert_eq!(fs::read_to_string(kept.join("k")).unwrap(), "kept\n");
     }
-    ok(&f, &["container", "rm", "kt", "kd"]);
+    ok(&f, &["container", "rm", "kt", "kd", "kds"]);
     assert_nothing_left(&f);
 }
 

@@ -25,6 +25,9 @@ pub enum Action {
     MountTmpfsUpper,
     /// Creating `upper/` and `work/` in a host directory (path: that directory).
     PrepareUpperDir,
+    /// A size-capped disk upper: sparse file, ext4, loop device, mount
+    /// (path: the mount point).
+    MountDiskUpper,
     /// fsopen/fsconfig/fsmount of the overlay (path: the target).
     MountOverlay,
     /// move_mount of the finished overlay onto the target (path: the target).
@@ -40,6 +43,7 @@ impl fmt::Display for Action {
             Action::OpenObjects => "opening objects directory",
             Action::MountTmpfsUpper => "mounting tmpfs upper layer for",
             Action::PrepareUpperDir => "preparing upper directory",
+            Action::MountDiskUpper => "mounting a size-capped disk upper at",
             Action::MountOverlay => "mounting overlay for",
             Action::AttachOverlay => "attaching overlay at",
             Action::Unmount => "unmounting",

@@ -22,6 +22,7 @@
 //! devices or temporary directories, and never logs an error it returns.
 #![deny(unsafe_code)]
 
+pub mod disk;
 mod error;
 mod fscontext;
 pub mod mountinfo;
@@ -30,6 +31,7 @@ pub mod stack;
 mod sys;
 pub mod userns;
 
+pub use disk::{mount_sized_upper, MIN_DISK_UPPER};
 pub use error::{Action, MountError};
 pub use mountinfo::{
     find_mount, is_mountpoint, mount_table, umount, umount_with, MountEntry, UmountOptions,

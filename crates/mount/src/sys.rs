@@ -4,7 +4,9 @@
 //!   implemented);
 //! - `fork(2)` for the user-namespace holder process (see [`UserNsHolder`]);
 //! - the `FS_IOC_MEASURE_VERITY` ioctl, used only to ask whether the kernel
-//!   has fs-verity at all.
+//!   has fs-verity at all;
+//! - the loop device ioctls `LOOP_CTL_GET_FREE` and `LOOP_CONFIGURE`, for
+//!   size-capped disk upper layers (see `disk`).
 //!
 //! Everything here is a thin, checked wrapper returning [`Errno`]; policy
 //! (which mount to idmap, what a failure means) lives in the callers. This
@@ -88,6 +90,96 @@ pub(crate) fn measure_verity(fd: BorrowedFd<'_>) -> Result<(), Errno> {
     // buffer that outlives the call and matches the size encoded in the
     // ioctl number; with digest_size 0 the kernel writes nothing beyond it.
     let ret = unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_MEASURE_VERITY, header.as_mut_ptr()) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
+/// `LOOP_CTL_GET_FREE` and `LOOP_CONFIGURE` from `<linux/loop.h>`.
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+/// `LO_FLAGS_AUTOCLEAR`: the device detaches itself when its last user
+/// (our fd, then the mounted filesystem) goes away.
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+/// `struct loop_info64`.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
+
+/// `struct loop_config`.
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
+
+/// `ioctl(/dev/loop-control, LOOP_CTL_GET_FREE)`: the number of a free
+/// loop device (made if need be).
+pub(crate) fn loop_get_free(control: BorrowedFd<'_>) -> Result<u32, Errno> {
+    // SAFETY: the fd is borrowed and open; this ioctl takes no argument.
+    let ret = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+    if ret >= 0 {
+        Ok(ret as u32)
+    } else {
+        Err(last_errno())
+    }
+}
+
+/// `ioctl(loop, LOOP_CONFIGURE)`: back the loop device with `backing`,
+/// detaching itself automatically once unused.
+pub(crate) fn loop_configure(
+    loop_dev: BorrowedFd<'_>,
+    backing: BorrowedFd<'_>,
+) -> Result<(), Errno> {
+    let config = LoopConfig {
+        fd: backing.as_raw_fd() as u32,
+        block_size: 0,
+        info: LoopInfo64 {
+            lo_device: 0,
+            lo_inode: 0,
+            lo_rdevice: 0,
+            lo_offset: 0,
+            lo_sizelimit: 0,
+            lo_number: 0,
+            lo_encrypt_type: 0,
+            lo_encrypt_key_size: 0,
+            lo_flags: LO_FLAGS_AUTOCLEAR,
+            lo_file_name: [0; 64],
+            lo_crypt_name: [0; 64],
+            lo_encrypt_key: [0; 32],
+            lo_init: [0; 2],
+        },
+        reserved: [0; 8],
+    };
+    // SAFETY: both fds are borrowed and open; `config` is a live, properly
+    // laid out `struct loop_config` that the kernel only reads.
+    let ret = unsafe {
+        libc::ioctl(
+            loop_dev.as_raw_fd(),
+            LOOP_CONFIGURE,
+            &config as *const LoopConfig,
+        )
+    };
     if ret == 0 {
         Ok(())
     } else {

@@ -36,6 +36,9 @@ use crate::{crun, RunError};
 /// keeps a runaway container from eating the host's memory.
 pub const DEFAULT_TMPFS_SIZE: u64 = 1 << 30;
 
+/// The file behind a size-capped disk upper, in the container's directory.
+const DISK_IMAGE: &str = "upper.img";
+
 /// `--upper`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum UpperChoice {
@@ -272,18 +275,13 @@ fn etc_files(
 /// Sets the container up to the point where crun can run it. On error,
 /// everything taken so far is released.
 pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunError> {
-    if let UpperChoice::Disk { size: Some(_) } = spec.upper {
-        // A size on a host directory needs project quotas (a loop-mounted
-        // filesystem of that size would hide the usage from du).
-        let why = if Path::new("/proc/sys/fs/quota").exists() {
-            "cairn does not set up filesystem project quotas"
-        } else {
-            "this kernel has no quota support (CONFIG_QUOTA)"
-        };
-        return Err(RunError::Invalid(format!(
-            "--upper disk:SIZE needs project quotas on the store's filesystem and {why}; \
-             use --upper disk (no size limit, usage visible to du) or --upper tmpfs:SIZE"
-        )));
+    if let UpperChoice::Disk { size: Some(size) } = spec.upper {
+        if size < cairn_mount::MIN_DISK_UPPER {
+            return Err(RunError::Invalid(format!(
+                "--upper disk:SIZE: at least {} MiB",
+                cairn_mount::MIN_DISK_UPPER >> 20
+            )));
+        }
     }
     if let Some(name) = &spec.name {
         state::validate_name(name)?;
@@ -333,7 +331,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
             UpperChoice::Tmpfs { size } => UpperKind::Tmpfs {
                 size: size.unwrap_or(DEFAULT_TMPFS_SIZE),
             },
-            UpperChoice::Disk { .. } => UpperKind::Disk,
+            UpperChoice::Disk { size } => UpperKind::Disk { size },
         },
         keep: spec.keep,
         kept_upper: None,
@@ -402,11 +400,23 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
             mount_host_tmpfs(&at, size.unwrap_or(DEFAULT_TMPFS_SIZE)).map_err(|e| fail(&st, e))?;
             UpperSpec::Dir(at)
         }
-        (UpperChoice::Disk { .. }, keep) => {
+        (UpperChoice::Disk { size: None }, keep) => {
             if keep {
                 st.kept_upper = Some(dir.join("upper"));
             }
             UpperSpec::Dir(dir.clone())
+        }
+        (UpperChoice::Disk { size: Some(size) }, keep) => {
+            // Its own filesystem of that size (see cairn_mount::disk),
+            // mounted on the host like a kept tmpfs upper.
+            let at = dir.join("upperfs");
+            if keep {
+                st.kept_upper = Some(at.join("upper"));
+            }
+            state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
+            cairn_mount::mount_sized_upper(&dir.join(DISK_IMAGE), size, &at)
+                .map_err(|e| fail(&st, e.into()))?;
+            UpperSpec::Dir(at)
         }
     };
     let rootfs = dir.join("rootfs");
@@ -578,6 +588,11 @@ pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
         let upperfs = dir.join("upperfs");
         if cairn_mount::is_mountpoint(&upperfs).unwrap_or(false) {
             let _ = cairn_mount::umount_with(&upperfs, cairn_mount::UmountOptions { lazy: true });
+        }
+        if let Err(e) = fs::remove_file(dir.join(DISK_IMAGE)) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                problems.push(format!("removing {}: {e}", dir.join(DISK_IMAGE).display()));
+            }
         }
         for d in ["upper", "work", "upperfs"] {
             let p = dir.join(d);

@@ -14,7 +14,9 @@
 //! │   ├── pid               the container's init pid (crun --pid-file)
 //! │   ├── ctr.log           stdout+stderr of a detached container
 //! │   ├── upper/ work/      --upper disk
-//! │   └── upperfs/          a kept tmpfs upper (a host tmpfs mount, until rm)
+//! │   ├── upper.img         --upper disk:SIZE: the sparse ext4 file behind upperfs/
+//! │   └── upperfs/          a kept tmpfs upper (a host tmpfs mount, until rm),
+//! │                         or a disk:SIZE upper (its loop-mounted ext4)
 //! ├── names/<name> → <id>   symlinks; creating one is the name's claim
 //! └── userns/<slot>         one file per allocated --userns auto range
 //! <root>/run/crun/          crun's own state (--root)
@@ -88,8 +90,14 @@ pub enum Status {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", tag = "kind")]
 pub enum UpperKind {
-    Tmpfs { size: u64 },
-    Disk,
+    Tmpfs {
+        size: u64,
+    },
+    /// A host directory; with a size, its own loop-mounted filesystem.
+    Disk {
+        #[serde(default)]
+        size: Option<u64>,
+    },
 }
 
 /// An id range of a user namespace.
