@@ -26,7 +26,7 @@ PACKAGES=(
   systemd-container # systemd-nspawn: a baseline of bench/run3.sh
   uidmap            # newuidmap/newgidmap for user-namespace tests
   attr acl          # getfattr/setfattr, getfacl/setfacl
-  e2fsprogs         # chattr (benchmarks)
+  e2fsprogs         # mkfs.ext4 (--upper disk:SIZE), chattr (benchmarks)
   hyperfine         # ad-hoc timing
   python3 python3-matplotlib  # bench helpers and plots
   debootstrap       # builds the Debian benchmark tree
