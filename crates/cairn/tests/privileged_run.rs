@@ -115,6 +115,16 @@ fn ps_json(f: &Fixture, all: bool) -> Vec<serde_json::Value> {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("ps --json: {e}: {text}"))
 }
 
+/// What `du -sk` says of `path`, in KiB.
+fn du_kib(path: &Path) -> u64 {
+    let du = Command::new("du").arg("-sk").arg(path).output().unwrap();
+    stdout(&du)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("du -sk {}: {}", path.display(), stdout(&du)))
+}
+
 /// The pid of the running container named `name`.
 fn container_pid(f: &Fixture, name: &str) -> i32 {
     let mut pid = 0;
@@ -388,13 +398,7 @@ fn privileged_run_uppers_tmpfs_cap_disk_and_keep() {
     wait_for(20, "the container to fill its disk upper", || {
         upper.join("done").exists()
     });
-    let du = Command::new("du").arg("-sk").arg(&upper).output().unwrap();
-    let kb: u64 = stdout(&du)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let kb = du_kib(&upper);
     assert!((4 * 1024..16 * 1024).contains(&kb), "du sees {kb} KiB");
     let ps = ps_json(&f, false);
     assert_eq!(ps[0]["upper"], "disk:16.8 MB", "{ps:?}");
@@ -424,13 +428,7 @@ fn privileged_run_uppers_tmpfs_cap_disk_and_keep() {
     let id = id.trim().to_string();
     let upper = f.root.join("containers").join(&id).join("upper");
     wait_for(10, "the container to write", || upper.join("done").exists());
-    let du = Command::new("du").arg("-sk").arg(&upper).output().unwrap();
-    let kb: u64 = stdout(&du)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let kb = du_kib(&upper);
     assert!(kb >= 5 * 1024, "du sees {kb} KiB");
     ok(&f, &["stop", "-t", "0", &id]);
     assert!(!upper.exists(), "the upper goes with the container");
