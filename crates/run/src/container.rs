@@ -708,8 +708,13 @@ pub(crate) fn crun_run_spawn(
 /// Starts `spec`; where the kernel refuses to start it straight in its
 /// cgroup, starts it and has it join the group instead.
 pub(crate) fn spawn_crun(mut spec: SpawnSpec) -> Result<Spawned, RunError> {
-    let failed =
-        |e: SpawnError| RunError::Crun(format!("starting {}: {e}", crate::crun::crun_binary()));
+    let bundle = String::from_utf8_lossy(spec.cwd.as_bytes()).into_owned();
+    let failed = |e: SpawnError| {
+        RunError::Crun(format!(
+            "starting {} for the bundle {bundle}: {e}",
+            crate::crun::crun_binary()
+        ))
+    };
     match crate::sys::spawn(&spec) {
         Err(SpawnError::Clone(e)) if spec.cgroup.is_some() => {
             tracing::debug!("clone3 into the cgroup: {e}; joining it after the fork");

@@ -1,6 +1,9 @@
 //! Invoking crun for a container: every call gets `--root <root>/run/crun`,
 //! `--cgroup-manager cgroupfs`, and on a hybrid host the cgroup view of
 //! the container (see `cgroup`), entered by the pre-exec hook in `sys`.
+//! `crun run` itself is started by `sys::spawn` (clone3 straight into the
+//! container's cgroup) from a sealed in-memory copy of crun
+//! ([`run_program`]).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
@@ -224,6 +227,9 @@ pub fn parse_signal(s: &str) -> Result<i32, RunError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::{spawn, SpawnError, SpawnSpec, Spawned};
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn parses_signals_like_podman() {
@@ -233,10 +239,6 @@ mod tests {
         assert!(parse_signal("FOO").is_err());
         assert!(parse_signal("0").is_err());
     }
-
-    use crate::sys::{spawn, SpawnError, SpawnSpec, Spawned};
-    use std::io::Read;
-    use std::os::fd::AsRawFd;
 
     fn c(s: &str) -> CString {
         CString::new(s).unwrap()
