@@ -34,6 +34,8 @@ pub enum Action {
     AttachOverlay,
     /// umount2 (path: the target).
     Unmount,
+    /// open_tree + mount_setattr of a read-only bind (path: the source).
+    ReadOnlyBind,
 }
 
 impl fmt::Display for Action {
@@ -47,6 +49,7 @@ impl fmt::Display for Action {
             Action::MountOverlay => "mounting overlay for",
             Action::AttachOverlay => "attaching overlay at",
             Action::Unmount => "unmounting",
+            Action::ReadOnlyBind => "making a read-only bind of",
         })
     }
 }

@@ -16,12 +16,16 @@
 //! - [`mountinfo`]: the mount table ([`find_mount`], [`is_mountpoint`]) and
 //!   [`umount`].
 //! - [`userns`]: user namespaces that carry an [`IdMap`].
+//! - [`readonly_bind`]: a detached read-only bind of a file (crun runs from one).
+//! - [`disk`]: size-capped disk upper layers (a sparse ext4 file on a loop device).
 //! - `sys`: the only `unsafe` code (`mount_setattr`, `fork`, one ioctl).
 //!
-//! This crate never uses the legacy `mount(2)` call, never creates loop
-//! devices or temporary directories, and never logs an error it returns.
+//! This crate never uses the legacy `mount(2)` call, creates loop devices
+//! only for [`disk`] uppers (autoclear: they go with their mount), never
+//! creates temporary directories, and never logs an error it returns.
 #![deny(unsafe_code)]
 
+mod bind;
 pub mod disk;
 mod error;
 mod fscontext;
@@ -31,6 +35,7 @@ pub mod stack;
 mod sys;
 pub mod userns;
 
+pub use bind::readonly_bind;
 pub use disk::{mount_sized_upper, MIN_DISK_UPPER};
 pub use error::{Action, MountError};
 pub use mountinfo::{

@@ -1,7 +1,7 @@
 //! The crate's only `unsafe` code: the few system calls rustix does not wrap.
 //!
-//! - `mount_setattr(2)` with `MOUNT_ATTR_IDMAP` (rustix 1.x lists it as not
-//!   implemented);
+//! - `mount_setattr(2)` with `MOUNT_ATTR_IDMAP` or `MOUNT_ATTR_RDONLY`
+//!   (rustix 1.x lists it as not implemented);
 //! - `fork(2)` for the user-namespace holder process (see [`UserNsHolder`]);
 //! - the `FS_IOC_MEASURE_VERITY` ioctl, used only to ask whether the kernel
 //!   has fs-verity at all;
@@ -19,12 +19,15 @@ use rustix::io::Errno;
 use rustix::pipe::{pipe_with, PipeFlags};
 use rustix::process::{kill_process, waitpid, Pid, Signal, WaitOptions};
 
-/// `MOUNT_ATTR_IDMAP` from `<linux/mount.h>`.
+/// `MOUNT_ATTR_RDONLY` and `MOUNT_ATTR_IDMAP` from `<linux/mount.h>`.
+const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// `FS_IOC_MEASURE_VERITY` = `_IOWR('f', 134, struct fsverity_digest)`, where
 /// the struct header is 4 bytes (`u16 digest_algorithm, u16 digest_size`).
-const FS_IOC_MEASURE_VERITY: libc::c_ulong = 0xC004_6686;
+// `libc::Ioctl` is a c_ulong with glibc and a c_int with musl: the cast
+// keeps the bit pattern either way.
+const FS_IOC_MEASURE_VERITY: libc::Ioctl = 0xC004_6686_u32 as libc::Ioctl;
 
 /// `struct mount_attr` from `<linux/mount.h>` (`MOUNT_ATTR_SIZE_VER0`, 32 bytes).
 #[repr(C)]
@@ -47,16 +50,26 @@ pub(crate) fn mount_setattr_idmap(
     mount: BorrowedFd<'_>,
     userns: BorrowedFd<'_>,
 ) -> Result<(), Errno> {
+    // The kernel reads userns_fd as a file descriptor number; a valid fd is
+    // never negative, so the widening is lossless.
+    mount_setattr(mount, MOUNT_ATTR_IDMAP, userns.as_raw_fd() as u64)
+}
+
+/// `mount_setattr(mount, "", AT_EMPTY_PATH, {attr_set: MOUNT_ATTR_RDONLY})`.
+pub(crate) fn mount_setattr_readonly(mount: BorrowedFd<'_>) -> Result<(), Errno> {
+    mount_setattr(mount, MOUNT_ATTR_RDONLY, 0)
+}
+
+fn mount_setattr(mount: BorrowedFd<'_>, attr_set: u64, userns_fd: u64) -> Result<(), Errno> {
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP,
+        attr_set,
         attr_clr: 0,
         propagation: 0,
-        // The kernel reads this as a file descriptor number; a valid fd is
-        // never negative, so the widening is lossless.
-        userns_fd: userns.as_raw_fd() as u64,
+        userns_fd,
     };
-    // SAFETY: both fds are borrowed, hence open for the whole call; the path
-    // is a NUL-terminated static string; `attr` is a live, properly laid out
+    // SAFETY: the mount fd is borrowed, hence open for the whole call (and
+    // the caller's userns fd, if any, likewise); the path is a
+    // NUL-terminated static string; `attr` is a live, properly laid out
     // `struct mount_attr` and we pass its exact size; the kernel only reads
     // from both pointers.
     let ret = unsafe {
@@ -98,8 +111,8 @@ pub(crate) fn measure_verity(fd: BorrowedFd<'_>) -> Result<(), Errno> {
 }
 
 /// `LOOP_CTL_GET_FREE` and `LOOP_CONFIGURE` from `<linux/loop.h>`.
-const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
-const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LOOP_CTL_GET_FREE: libc::Ioctl = 0x4C82;
+const LOOP_CONFIGURE: libc::Ioctl = 0x4C0A;
 /// `LO_FLAGS_AUTOCLEAR`: the device detaches itself when its last user
 /// (our fd, then the mounted filesystem) goes away.
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
