@@ -47,6 +47,21 @@ impl ConsoleListener {
         })
     }
 
+    /// Listens at `name` in the directory `dirfd` (bound through
+    /// `/proc/self/fd/<dirfd>/name`, short whatever the directory's path),
+    /// for a crun whose working directory that directory is; `shown` is its
+    /// path as crun sees it (the bundle: crun runs in it).
+    pub fn bind_in(dirfd: BorrowedFd<'_>, shown: &Path, name: &str) -> io::Result<Self> {
+        let short = format!("/proc/self/fd/{}/{name}", dirfd.as_raw_fd());
+        let listener = UnixListener::bind(short)?;
+        listener.set_nonblocking(true)?;
+        Ok(ConsoleListener {
+            listener,
+            crun_path: PathBuf::from(name),
+            path: shown.join(name),
+        })
+    }
+
     /// Accepts crun's connection and receives the pty master; `None` if
     /// no connection is pending.
     pub fn accept_master(&self) -> io::Result<Option<OwnedFd>> {

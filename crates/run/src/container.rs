@@ -8,7 +8,7 @@
 
 use std::ffi::{CString, OsString};
 use std::fs;
-use std::io::Read;
+use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::net::UnixStream;
@@ -110,6 +110,7 @@ pub(crate) struct Prepared {
     pub locked: Locked,
     pub state: State,
     pub mount: PreparedMount,
+    pub bundle: Bundle,
     pub store_lock: Option<StoreLock>,
     pub console: Option<ConsoleListener>,
 }
@@ -210,18 +211,24 @@ fn ensure_dir_in_root(root: BorrowedFd<'_>, path: &str) -> Result<(), RunError> 
     Ok(())
 }
 
+/// A new detached tmpfs of at most `size` bytes, root directory mode 0755.
+fn new_tmpfs(size: u64) -> rustix::io::Result<OwnedFd> {
+    use rustix::mount::{
+        fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
+        MountAttrFlags,
+    };
+    let fs = fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC)?;
+    fsconfig_set_string(&fs, "size", size.to_string().as_str())?;
+    fsconfig_set_string(&fs, "mode", "0755")?;
+    fsconfig_create(&fs)?;
+    fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
+}
+
 /// Mounts a host tmpfs (for a kept tmpfs upper) at `target`.
 fn mount_host_tmpfs(target: &Path, size: u64) -> Result<(), RunError> {
-    use rustix::mount::{
-        fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, FsMountFlags,
-        FsOpenFlags, MountAttrFlags, MoveMountFlags,
-    };
+    use rustix::mount::{move_mount, MoveMountFlags};
     let run = || -> rustix::io::Result<()> {
-        let fs = fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC)?;
-        fsconfig_set_string(&fs, "size", size.to_string().as_str())?;
-        fsconfig_set_string(&fs, "mode", "0755")?;
-        fsconfig_create(&fs)?;
-        let m = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())?;
+        let m = new_tmpfs(size)?;
         move_mount(
             &m,
             "",
@@ -234,15 +241,72 @@ fn mount_host_tmpfs(target: &Path, size: u64) -> Result<(), RunError> {
     run().map_err(|e| RunError::io("mounting a tmpfs upper at", target, e.into()))
 }
 
+/// Where crun finds the bundle: `<dir>/bundle`, a tmpfs of the container's
+/// own (see [`Bundle`]).
+pub(crate) fn bundle_dir(dir: &Path) -> PathBuf {
+    dir.join("bundle")
+}
+
+/// The cap of a bundle tmpfs: config.json, /etc/hosts and the like.
+const BUNDLE_TMPFS_SIZE: u64 = 4 << 20;
+
+/// The OCI bundle: `config.json`, the files bind-mounted into `/etc` and
+/// the `rootfs/` mount point, on a small detached tmpfs that the monitor
+/// attaches at [`bundle_dir`] only in crun's private mount namespace (as it
+/// does the rootfs). Creating and removing these files on the store's
+/// filesystem cost more than the rest of the bundle work together (ext4
+/// is slow to reuse inodes freed a moment ago, which every container
+/// start after another does); on tmpfs they cost microseconds, and the
+/// kernel frees them with the namespace.
+pub(crate) struct Bundle {
+    fd: OwnedFd,
+    /// `<dir>/bundle`, as crun sees it.
+    path: PathBuf,
+}
+
+impl Bundle {
+    fn new(dir: &Path) -> Result<Self, RunError> {
+        let path = bundle_dir(dir);
+        fs::create_dir(&path).map_err(|e| RunError::io("creating", &path, e))?;
+        let fd = new_tmpfs(BUNDLE_TMPFS_SIZE)
+            .map_err(|e| RunError::io("mounting the bundle tmpfs for", &path, e.into()))?;
+        rustix::fs::mkdirat(&fd, "rootfs", Mode::from_raw_mode(0o755))
+            .map_err(|e| RunError::io("creating", path.join("rootfs"), e.into()))?;
+        Ok(Bundle { fd, path })
+    }
+
+    /// Writes `name` into the bundle; returns its path as crun sees it.
+    fn write(&self, name: &str, data: &[u8]) -> Result<PathBuf, RunError> {
+        let path = self.path.join(name);
+        let run = || -> io::Result<()> {
+            let fd = rustix::fs::openat(
+                &self.fd,
+                name,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )?;
+            fs::File::from(fd).write_all(data)
+        };
+        run().map_err(|e| RunError::io("writing", &path, e))?;
+        Ok(path)
+    }
+
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 fn etc_files(
-    dir: &Path,
+    bundle: &Bundle,
     spec: &RunSpec,
     hostname: &str,
 ) -> Result<Vec<(String, String)>, RunError> {
     let write = |name: &str, text: String| -> Result<String, RunError> {
-        let p = dir.join(name);
-        fs::write(&p, text).map_err(|e| RunError::io("writing", &p, e))?;
-        Ok(p.display().to_string())
+        Ok(bundle.write(name, text.as_bytes())?.display().to_string())
     };
     let (hosts, resolv) = match spec.network {
         Network::Host => {
@@ -312,9 +376,12 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
 
     let id = state::new_id();
     let name = spec.name.clone().unwrap_or_else(|| id[..12].to_string());
+    let layout = cgroup::detect();
+    // Planned (not made) now, so that the first state write records them.
+    let cgroups = cgroup::plan(&id, layout, &spec.limits)
+        .map_err(|e| RunError::io("setting up cgroups for", paths.container(&id), e))?;
     let locked = state::create_dir(paths, &id)?;
     let dir = locked.dir.clone();
-    let layout = cgroup::detect();
     let mut st = State {
         id: id.clone(),
         name: name.clone(),
@@ -344,7 +411,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
             .stop_signal
             .clone()
             .unwrap_or_else(|| "SIGTERM".into()),
-        cgroups: None,
+        cgroups: Some(cgroups),
         limits: spec.limits,
     };
     // A failure from here on tears down what the state records; a crash
@@ -419,8 +486,8 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
             UpperSpec::Dir(at)
         }
     };
-    let rootfs = dir.join("rootfs");
-    fs::create_dir(&rootfs).map_err(|e| fail(&st, RunError::io("creating", &rootfs, e)))?;
+    let bundle = Bundle::new(&dir).map_err(|e| fail(&st, e))?;
+    let rootfs = bundle.path().join("rootfs");
     let image = store.image_path(&digest);
     let objects = store.objects_dir();
     let mount = cairn_mount::prepare_image(&MountOptions {
@@ -479,7 +546,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
     env_layers.extend(spec.env.iter().cloned());
     let env = merge_env(env_layers.iter().map(String::as_str));
 
-    let etc = etc_files(&dir, spec, &hostname).map_err(|e| fail(&st, e))?;
+    let etc = etc_files(&bundle, spec, &hostname).map_err(|e| fail(&st, e))?;
     for v in &spec.volumes {
         if !Path::new(&v.host).exists() {
             return Err(fail(
@@ -492,12 +559,12 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         }
     }
 
-    // Record the groups before making them, so a crash in between leaves
-    // them to the reaper.
-    let cg = cgroup::plan(&id, layout, &spec.limits)
-        .map_err(|e| fail(&st, RunError::io("setting up cgroups for", &dir, e)))?;
-    st.cgroups = Some(cg.clone());
-    state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
+    // The groups were recorded in the first state write, before this, so
+    // a crash in between leaves them to the reaper.
+    let cg = st
+        .cgroups
+        .clone()
+        .expect("planned before the first state write");
     cgroup::make(&cg, &spec.limits)
         .map_err(|e| fail(&st, RunError::io("setting up cgroups for", &dir, e)))?;
     let resources = match layout {
@@ -526,18 +593,23 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         resources,
         nofile: nofile_limit(),
     });
-    let config_path = dir.join("config.json");
     let json = serde_json::to_vec_pretty(&oci).expect("spec serializes");
-    fs::write(&config_path, json)
-        .map_err(|e| fail(&st, RunError::io("writing", &config_path, e)))?;
+    bundle
+        .write("config.json", &json)
+        .map_err(|e| fail(&st, e))?;
 
     let console = if spec.tty {
-        Some(ConsoleListener::bind(&dir, "console.sock").map_err(|e| {
-            fail(
-                &st,
-                RunError::io("listening on", dir.join("console.sock"), e),
-            )
-        })?)
+        // In the bundle, where crun runs: crun gets a relative path.
+        Some(
+            ConsoleListener::bind_in(bundle.as_fd(), bundle.path(), "console.sock").map_err(
+                |e| {
+                    fail(
+                        &st,
+                        RunError::io("listening on", bundle.path().join("console.sock"), e),
+                    )
+                },
+            )?,
+        )
     } else {
         None
     };
@@ -545,6 +617,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         locked,
         state: st,
         mount,
+        bundle,
         store_lock: Some(store_lock),
         console,
     })
@@ -613,17 +686,8 @@ pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
             }
         }
     } else {
-        for f in [
-            "config.json",
-            "hosts",
-            "resolv.conf",
-            "hostname",
-            "console.sock",
-            "pid",
-        ] {
-            let _ = fs::remove_file(dir.join(f));
-        }
-        let _ = fs::remove_dir(dir.join("rootfs"));
+        let _ = fs::remove_file(dir.join("pid"));
+        let _ = fs::remove_dir(bundle_dir(&dir));
         if st.status != Status::Exited {
             st.status = Status::Exited;
             st.finished.get_or_insert_with(state::now);
@@ -646,7 +710,7 @@ pub(crate) fn crun_run_spawn(
     let dir = p.dir();
     let mut args = vec![OsString::from("crun")];
     args.extend(crun::global_args(paths));
-    args.extend(["run".into(), "--bundle".into(), dir.into()]);
+    args.extend(["run".into(), "--bundle".into(), p.bundle.path().into()]);
     args.extend(["--pid-file".into(), dir.join("pid").into()]);
     if let Some(c) = &p.console {
         args.extend(["--console-socket".into(), c.crun_path.clone().into()]);
@@ -657,7 +721,8 @@ pub(crate) fn crun_run_spawn(
         .iter()
         .map(|a| CString::new(a.as_bytes()).map_err(|_| nul("a crun argument")))
         .collect::<Result<Vec<_>, _>>()?;
-    let envp = std::env::vars_os()
+    let (program, program_env) = crun::run_program()?;
+    let mut envp = std::env::vars_os()
         .map(|(k, v)| {
             let mut kv = k.into_vec();
             kv.push(b'=');
@@ -665,12 +730,21 @@ pub(crate) fn crun_run_spawn(
             CString::new(kv).map_err(|_| nul("the environment"))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(kv) = program_env {
+        envp.push(CString::new(kv).map_err(|_| nul("the environment"))?);
+    }
     let mut setup = NsSetup {
         new_mount_ns: true,
-        rootfs: Some((
-            crate::sys::raw(p.mount.as_fd()),
-            crun::cstring(&dir.join("rootfs"))?,
-        )),
+        attach: vec![
+            (
+                crate::sys::raw(p.bundle.as_fd()),
+                crun::cstring(p.bundle.path())?,
+            ),
+            (
+                crate::sys::raw(p.mount.as_fd()),
+                crun::cstring(&p.bundle.path().join("rootfs"))?,
+            ),
+        ],
         ..NsSetup::default()
     };
     let mut cgroup_dir = None;
@@ -695,7 +769,7 @@ pub(crate) fn crun_run_spawn(
         }
     }
     Ok(SpawnSpec {
-        program: crun::run_program()?,
+        program,
         argv,
         envp,
         cwd: crun::cstring(dir)?,
@@ -746,11 +820,12 @@ pub fn run_foreground(paths: &Paths, spec: &RunSpec) -> Result<i32, RunError> {
             let Prepared {
                 locked,
                 mount,
+                bundle,
                 store_lock,
                 console,
                 state,
             } = prepared;
-            drop(mount);
+            drop((mount, bundle));
             monitor::client_session(
                 client,
                 console,

@@ -2,19 +2,13 @@
 //! `--cgroup-manager cgroupfs`, and on a hybrid host the cgroup view of
 //! the container (see `cgroup`), entered by the pre-exec hook in `sys`.
 //! `crun run` itself is started by `sys::spawn` (clone3 straight into the
-//! container's cgroup) from a sealed in-memory copy of crun
-//! ([`run_program`]).
+//! container's cgroup) from a read-only bind of crun ([`run_program`]).
 
 use std::ffi::{CString, OsStr, OsString};
-use std::fs::File;
-use std::io;
-use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
-use rustix::fs::{MemfdFlags, SealFlags};
 
 use crate::cgroup::{self, Cgroups, Layout};
 use crate::state::Paths;
@@ -46,52 +40,27 @@ pub fn crun_path() -> Result<PathBuf, RunError> {
         })
 }
 
-/// The seals that make a memfd copy of the runtime immutable; crun (like
-/// runc) checks for exactly these on `/proc/self/exe` and then skips
-/// cloning itself, which it otherwise does on every start (a bind mount,
-/// a remount, an unmount and a second exec: about 1.2 ms here) so that a
-/// container cannot overwrite the runtime binary through
-/// `/proc/<pid>/exe` (CVE-2019-5736). A sealed copy gives the same
-/// protection.
-const RUNTIME_SEALS: SealFlags = SealFlags::SEAL
-    .union(SealFlags::SHRINK)
-    .union(SealFlags::GROW)
-    .union(SealFlags::WRITE);
+/// What crun (like runc) reads to learn that it runs from a protected
+/// copy of itself: with it set and `/proc/self/exe` on a read-only mount,
+/// crun skips the copy it otherwise makes on every start (a bind mount, a
+/// remount, an unmount and a second exec: about 1.2 ms here) so that a
+/// container cannot overwrite the runtime binary through `/proc/<pid>/exe`
+/// (CVE-2019-5736). A read-only bind gives that protection; crun's own
+/// fallback is the same bind.
+pub const CLONED_BINARY_ENV: &str = "_LIBCONTAINER_CLONED_BINARY=1";
 
-/// A sealed in-memory copy of the program at `path`, to exec by fd.
-pub fn sealed_copy(path: &Path) -> io::Result<OwnedFd> {
-    let src = File::open(path)?;
-    let len = src.metadata()?.len();
-    let base = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
-    // MFD_EXEC (Linux 6.3) says so explicitly; older kernels refuse the flag.
-    let memfd = match rustix::fs::memfd_create("cairn-runtime", base | MemfdFlags::EXEC) {
-        Err(rustix::io::Errno::INVAL) => rustix::fs::memfd_create("cairn-runtime", base)?,
-        r => r?,
-    };
-    let mut copied = 0u64;
-    while copied < len {
-        let n = rustix::fs::sendfile(&memfd, &src, None, (len - copied) as usize)?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("{} shrank while being copied", path.display()),
-            ));
-        }
-        copied += n as u64;
-    }
-    rustix::fs::fcntl_add_seals(&memfd, RUNTIME_SEALS)?;
-    Ok(memfd)
-}
-
-/// How to exec crun for `crun run`: a sealed copy where the kernel allows
-/// executing one, else the binary itself (crun then clones itself).
-pub fn run_program() -> Result<Program, RunError> {
+/// How to exec crun for `crun run`: from a detached read-only bind of the
+/// binary (with [`CLONED_BINARY_ENV`] in its environment), else by path
+/// (crun then protects itself by copying itself). The bind costs two
+/// system calls; the copy crun would make costs a mount, a remount, an
+/// unmount and a second exec.
+pub fn run_program() -> Result<(Program, Option<&'static str>), RunError> {
     let path = crun_path()?;
-    match sealed_copy(&path) {
-        Ok(fd) => Ok(Program::Sealed(fd)),
+    match cairn_mount::readonly_bind(&path) {
+        Ok(fd) => Ok((Program::Fd(fd), Some(CLONED_BINARY_ENV))),
         Err(e) => {
-            tracing::debug!("running {} from disk: no sealed copy: {e}", path.display());
-            Ok(Program::Path(cstring(&path)?))
+            tracing::debug!("running {} by path: {e}", path.display());
+            Ok((Program::Path(cstring(&path)?), None))
         }
     }
 }
@@ -228,8 +197,10 @@ pub fn parse_signal(s: &str) -> Result<i32, RunError> {
 mod tests {
     use super::*;
     use crate::sys::{spawn, SpawnError, SpawnSpec, Spawned};
+    use std::fs::File;
     use std::io::Read;
     use std::os::fd::AsRawFd;
+    use std::os::fd::OwnedFd;
 
     #[test]
     fn parses_signals_like_podman() {
@@ -284,40 +255,35 @@ mod tests {
         Ok((out, status.exit_status().unwrap_or(-1)))
     }
 
+    /// What crun checks before it skips copying itself: `/proc/self/exe`
+    /// on a read-only mount and [`CLONED_BINARY_ENV`] set.
     #[test]
-    fn sealed_copy_is_identical_and_immutable() {
-        let fd = sealed_copy(Path::new("/bin/true")).unwrap();
-        assert_eq!(rustix::fs::fcntl_get_seals(&fd).unwrap(), RUNTIME_SEALS);
-        // A fresh open: the fd's own offset is at the end after the copy.
-        let copy = std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+    fn privileged_run_program_is_a_read_only_bind_that_crun_accepts() {
         assert!(
-            copy == std::fs::read("/bin/true").unwrap(),
-            "the copy differs from /bin/true"
+            rustix::process::geteuid().is_root(),
+            "this test makes a read-only bind and must run as root (CI runs it as root)"
         );
-        let err = rustix::io::pwrite(&fd, b"x", 0).unwrap_err();
+        let (program, env) = run_program().unwrap();
+        assert_eq!(env, Some(CLONED_BINARY_ENV));
+        let Program::Fd(fd) = program else {
+            panic!("expected crun from a read-only bind, got {program:?}")
+        };
+        let st = rustix::fs::fstatvfs(&fd).unwrap();
+        assert!(st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
         assert_eq!(
-            err,
-            rustix::io::Errno::PERM,
-            "a sealed copy must refuse writes"
+            std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(),
+            std::fs::read(crun_path().unwrap()).unwrap()
         );
+        // A program run from such a bind sees its own executable read-only.
+        let python = cairn_mount::readonly_bind(Path::new("/usr/bin/python3")).unwrap();
+        let check = "import os, sys; sys.exit(0 if os.statvfs('/proc/self/exe').f_flag & os.ST_RDONLY else 3)";
+        let (_, code) =
+            run_spawned(Program::Fd(python), &["python3", "-c", check], "/", None).unwrap();
+        assert_eq!(code, 0, "/proc/self/exe is not on a read-only mount");
     }
 
     #[test]
-    fn spawn_runs_a_sealed_copy_and_reports_failures_by_stage() {
-        let readlink = sealed_copy(Path::new("/usr/bin/readlink")).unwrap();
-        let (out, code) = run_spawned(
-            Program::Sealed(readlink),
-            &["readlink", "/proc/self/exe"],
-            "/",
-            None,
-        )
-        .unwrap();
-        assert_eq!(code, 0);
-        assert!(
-            out.starts_with("/memfd:cairn-runtime"),
-            "the child should run from the memfd, /proc/self/exe is {out:?}"
-        );
-
+    fn spawn_reports_failures_by_stage() {
         let by_path = Program::Path(c("/bin/pwd"));
         let (out, code) = run_spawned(by_path, &["pwd"], "/usr", None).unwrap();
         assert_eq!((out.trim(), code), ("/usr", 0));
@@ -365,9 +331,8 @@ mod tests {
         let name = format!("cairn-spawn-test-{}", std::process::id());
         let group = base.join(own.trim_start_matches('/')).join(&name);
         std::fs::create_dir(&group).unwrap();
-        let cat = sealed_copy(Path::new("/bin/cat")).unwrap();
         let result = run_spawned(
-            Program::Sealed(cat),
+            Program::Path(c("/bin/cat")),
             &["cat", "/proc/self/cgroup"],
             "/",
             Some(&group),

@@ -105,12 +105,14 @@ fn monitor(
     let Prepared {
         locked,
         mount,
+        bundle,
         store_lock,
         console,
         ..
     } = p;
-    // crun's private namespace holds the rootfs now (or spawning failed).
-    drop(mount);
+    // crun's private namespace holds the bundle and rootfs now (or
+    // spawning failed).
+    drop((mount, bundle));
     drop(store_lock);
     // The foreground client accepts the console itself.
     let console = if st.detached { console } else { None };

@@ -7,10 +7,10 @@
 //! │   ├── lock              flock'ed exclusively by the container's monitor
 //! │   │                     (and its launcher) for as long as it runs
 //! │   ├── state.json        State (written by tmp + rename)
-//! │   ├── config.json       the OCI bundle's runtime config
-//! │   ├── rootfs/           the bundle's root: the overlay is attached only
-//! │   │                     in crun's private mount namespace, never here
-//! │   ├── hosts, resolv.conf, hostname    bind-mounted into /etc
+//! │   ├── bundle/           the OCI bundle, empty here: crun's private mount
+//! │   │                     namespace has a tmpfs of the container's own on it
+//! │   │                     (config.json; hosts, resolv.conf, hostname, bind-
+//! │   │                     mounted into /etc) and the overlay on its rootfs/
 //! │   ├── pid               the container's init pid (crun --pid-file)
 //! │   ├── ctr.log           stdout+stderr of a detached container
 //! │   ├── upper/ work/      --upper disk

@@ -2,12 +2,12 @@
 //!
 //! - [`NsSetup`]: what a child does just before it execs crun: join
 //!   cgroups, enter a private mount (and cgroup) namespace, mount cgroup2
-//!   on `/sys/fs/cgroup`, attach the container's rootfs. Only system calls
+//!   on `/sys/fs/cgroup`, attach the container's bundle and rootfs. Only system calls
 //!   on data prepared by the parent: no allocation, no locks (the parent
 //!   may have other threads). As a `pre_exec` hook ([`NsSetup::install`])
 //!   or in [`spawn`].
 //! - [`spawn`]: clone3 with a pidfd and `CLONE_INTO_CGROUP`, then exec by
-//!   path or from a sealed copy (`fexecve`); what std's `Command` cannot do.
+//!   path or by fd (`fexecve`); what std's `Command` cannot do.
 //! - [`fork_monitor`]: the double fork that makes a container's monitor.
 //! - [`SignalFd`]: signals blocked and read from a `signalfd`.
 //!
@@ -34,9 +34,10 @@ pub struct NsSetup {
     /// Unshare the cgroup namespace too and mount cgroup2 on
     /// `/sys/fs/cgroup` (the hybrid-host workaround).
     pub cgroup2_view: bool,
-    /// A detached mount (the container's rootfs) and where to attach it
-    /// inside the new mount namespace.
-    pub rootfs: Option<(RawFd, CString)>,
+    /// Detached mounts (the container's bundle tmpfs, then its rootfs
+    /// inside it) and where to attach them inside the new mount namespace,
+    /// in this order.
+    pub attach: Vec<(RawFd, CString)>,
     /// Whether to make a new mount namespace at all.
     pub new_mount_ns: bool,
 }
@@ -78,8 +79,8 @@ impl NsSetup {
                 None,
             )?;
         }
-        if let Some((fd, target)) = &self.rootfs {
-            // SAFETY: the parent keeps this fd open until the child has
+        for (fd, target) in &self.attach {
+            // SAFETY: the parent keeps these fds open until the child has
             // exec'd, and the child is a copy of it, so the fd is valid here.
             let mount = unsafe { BorrowedFd::borrow_raw(*fd) };
             rustix::mount::move_mount(
@@ -93,8 +94,8 @@ impl NsSetup {
         Ok(())
     }
 
-    /// Installs the setup as a `pre_exec` hook on `cmd`. The fd in
-    /// `rootfs` must stay open until `cmd` has been spawned.
+    /// Installs the setup as a `pre_exec` hook on `cmd`. The fds in
+    /// `attach` must stay open until `cmd` has been spawned.
     pub fn install(self, cmd: &mut Command) {
         let setup = self;
         let hook = move || -> io::Result<()> { Ok(setup.apply()?) };
@@ -112,8 +113,8 @@ impl NsSetup {
 pub enum Program {
     /// By absolute path.
     Path(CString),
-    /// A sealed in-memory copy (see `crun::sealed_copy`), executed by fd.
-    Sealed(OwnedFd),
+    /// By fd (`fexecve`), e.g. a read-only bind (see `crun::run_program`).
+    Fd(OwnedFd),
 }
 
 /// A process for [`spawn`]: everything prepared, so that the child only
@@ -318,7 +319,7 @@ fn child(
     unsafe {
         match &spec.program {
             Program::Path(p) => libc::execve(p.as_ptr(), argv.as_ptr(), envp.as_ptr()),
-            Program::Sealed(fd) => libc::fexecve(fd.as_raw_fd(), argv.as_ptr(), envp.as_ptr()),
+            Program::Fd(fd) => libc::fexecve(fd.as_raw_fd(), argv.as_ptr(), envp.as_ptr()),
         };
     }
     fail(3, io::Error::last_os_error().raw_os_error().unwrap_or(0))
@@ -464,7 +465,7 @@ impl AsFd for SignalFd {
     }
 }
 
-/// The raw fd of a borrowed fd, for [`NsSetup::rootfs`].
+/// The raw fd of a borrowed fd, for [`NsSetup::attach`].
 pub fn raw(fd: BorrowedFd<'_>) -> RawFd {
     fd.as_raw_fd()
 }
