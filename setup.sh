@@ -32,6 +32,7 @@ PACKAGES=(
   debootstrap       # builds the Debian benchmark tree
   shellcheck        # lints the shell scripts in test.sh
   build-essential pkg-config  # C toolchain: libfuzzer-sys, crates with C parts
+  musl-tools        # musl-gcc: cairn is a static musl binary (.cargo/config.toml)
 )
 
 demo=1
@@ -102,16 +103,30 @@ if [ -n "$need_minor" ] && [ -n "$have_minor" ] && [ "$have_minor" -lt "$need_mi
 fi
 echo "$(cargo --version), $(rustc --version)"
 
+# The target cairn is built for (see .cargo/config.toml).
+target=$(sed -n 's/^target = "\(.*\)"/\1/p' .cargo/config.toml)
+[ -n "$target" ] || die "no build target in .cargo/config.toml"
+if rustc --print target-libdir --target "$target" 2>/dev/null | xargs -r test -d; then
+  echo "Rust target $target already installed"
+else
+  command -v rustup >/dev/null 2>&1 ||
+    die "the Rust target $target is missing and there is no rustup to add it (rustup target add $target)"
+  echo "adding the Rust target $target (rustup)"
+  rustup target add "$target" ||
+    die "rustup could not add the target $target; cairn is built as a static musl binary (.cargo/config.toml)"
+fi
+
 if cargo fuzz --version >/dev/null 2>&1; then
   echo "$(cargo fuzz --version) already installed"
 else
   echo "installing cargo-fuzz $CARGO_FUZZ_VERSION from crates.io"
-  cargo install --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION"
+  # From / so that this project's build target (.cargo/config.toml) does not apply.
+  (cd / && cargo install --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION")
 fi
 
 step "Build (cargo build --release)"
 cargo build --release
-cairn_bin=$(readlink -f "${CARGO_TARGET_DIR:-target}/release/cairn")
+cairn_bin=$(readlink -f "${CARGO_TARGET_DIR:-target}/$target/release/cairn")
 echo "built $cairn_bin"
 
 # The built-in demo image (`cairn run demo -- echo hello`), in both modes:

@@ -12,7 +12,7 @@
 #
 # Options:
 #   --runs N      samples per figure (default 5)
-#   --cairn PATH  cairn binary (default target/release/cairn, env CAIRN_BIN)
+#   --cairn PATH  cairn binary (default target/x86_64-unknown-linux-musl/release/cairn, env CAIRN_BIN)
 #   --out FILE    also write the table to FILE
 #   --work DIR    scratch (default: a fresh mktemp -d), removed at the end
 #
@@ -30,7 +30,7 @@ say() { printf 'ondemand: %s\n' "$*" >&2; }
 runs=5
 out=
 work=
-cairn=${CAIRN_BIN:-$repo/target/release/cairn}
+cairn=${CAIRN_BIN:-$repo/target/x86_64-unknown-linux-musl/release/cairn}
 while [ $# -gt 0 ]; do
   case $1 in
   --runs) runs=$2; shift 2 ;;

@@ -17,7 +17,7 @@ set -euo pipefail
 here=$(dirname "$(readlink -f "$0")")
 repo=$(dirname "$here")
 runs=5 layers=4 jobs=3 out="" keep=0
-cairn="$repo/target/release/cairn"
+cairn="$repo/target/x86_64-unknown-linux-musl/release/cairn"
 work=/var/tmp/cairn-bench-pull
 
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }

@@ -7,7 +7,7 @@
 # Options:
 #   --runs N          samples per figure (default 5)
 #   --out FILE        also write the report to FILE (e.g. bench/results/linux.md)
-#   --cairn PATH      cairn binary (default target/release/cairn, env CAIRN_BIN)
+#   --cairn PATH      cairn binary (default target/x86_64-unknown-linux-musl/release/cairn, env CAIRN_BIN)
 #   --work DIR        scratch directory on the filesystem to test (default
 #                     /var/tmp/cairn-bench); each run uses a fresh subdirectory
 #   --only LIST       comma-separated phases: mkfs,mount,ls,stat,fio (default all)
@@ -37,7 +37,7 @@ say() { printf 'bench: %s\n' "$*" >&2; }
 
 runs=5
 out=
-cairn=${CAIRN_BIN:-$repo/target/release/cairn}
+cairn=${CAIRN_BIN:-$repo/target/x86_64-unknown-linux-musl/release/cairn}
 work=/var/tmp/cairn-bench
 only=mkfs,mount,ls,stat,fio
 cycles=50

@@ -12,7 +12,7 @@
 #   --runs N        samples per figure (default 5)
 #   --out FILE      also write the report to FILE; the chart goes next to it
 #                   (FILE with .png), default bench/results/run3-DATE.png
-#   --cairn PATH    cairn binary (default target/release/cairn, env CAIRN_BIN)
+#   --cairn PATH    cairn binary (default target/x86_64-unknown-linux-musl/release/cairn, env CAIRN_BIN)
 #   --tree DIR      the Debian tree (default /var/tmp/cairn-trees/debian-bookworm)
 #   --images LIST   busybox,debian (default both)
 #   --only LIST     start,parallel,userns,pull,fsstress (default all)
@@ -37,7 +37,7 @@ usage() {
 all_args=("$@")
 runs=5
 out=
-cairn=${CAIRN_BIN:-$repo/target/release/cairn}
+cairn=${CAIRN_BIN:-$repo/target/x86_64-unknown-linux-musl/release/cairn}
 tree=/var/tmp/cairn-trees/debian-bookworm
 images=busybox,debian
 only=start,parallel,userns,pull,fsstress

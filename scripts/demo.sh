@@ -5,11 +5,11 @@
 # EROFS metadata image plus an object store, mounts it, looks at it and
 # unmounts it. That part lives in a temporary directory removed at the end.
 #
-#   scripts/demo.sh [CAIRN_BINARY]     (default: target/release/cairn; needs root)
+#   scripts/demo.sh [CAIRN_BINARY]     (default: target/x86_64-unknown-linux-musl/release/cairn; needs root)
 set -euo pipefail
 
 cd "$(dirname "$(readlink -f "$0")")/.."
-cairn=$(readlink -f "${1:-target/release/cairn}")
+cairn=$(readlink -f "${1:-target/x86_64-unknown-linux-musl/release/cairn}")
 
 [ "$(id -u)" -eq 0 ] || {
   echo "demo.sh: run as root: mounting needs CAP_SYS_ADMIN" >&2

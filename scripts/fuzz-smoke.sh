@@ -82,7 +82,7 @@ make_seeds() {
   [ -d "$vectors" ] || return 0
   mkdir -p fuzz/seeds/dump_parse fuzz/seeds/erofs_read
   cargo build --release -q -p cairn
-  cairn="${CARGO_TARGET_DIR:-target}/release/cairn"
+  cairn="${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/release/cairn"
   for f in "$vectors"/*.dump; do
     name=$(basename "$f")
     [ "$(stat -c %s "$f")" -le 1048576 ] && cp "$f" "fuzz/seeds/dump_parse/$name"

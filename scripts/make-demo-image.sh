@@ -17,7 +17,7 @@ set -euo pipefail
 
 cd "$(dirname "$(readlink -f "$0")")/.."
 
-cairn=target/release/cairn
+cairn=target/x86_64-unknown-linux-musl/release/cairn
 name=demo
 keep_tree=
 tree_only=0
