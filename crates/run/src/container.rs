@@ -425,10 +425,15 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         e
     };
     state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
-    if let Err(e) = claim_name_reaping(paths, &name, &id) {
-        // Not ours: don't release the name at teardown.
-        st.name = String::new();
-        return Err(fail(&st, e));
+    // A default name is the id's first 12 digits, which `lookup` finds as
+    // an id prefix: only a chosen name needs a claim (on this store's disk
+    // a claim is a block allocated and discarded per container).
+    if spec.name.is_some() {
+        if let Err(e) = claim_name_reaping(paths, &name, &id) {
+            // Not ours: don't release the name at teardown.
+            st.name = String::new();
+            return Err(fail(&st, e));
+        }
     }
 
     let idmap = match spec.userns {

@@ -127,6 +127,17 @@ fn monitor(
             return Err(e);
         }
     };
+    // crun is the only process in its private mount namespace (the rootfs
+    // stack, the bundle): when it exits, the kernel unmounts all of it, an
+    // RCU grace period included, before crun counts as exited. Holding the
+    // namespace moves that work to the drop of this fd, after the client
+    // has the exit code. Best effort: a crun that failed at once is gone.
+    let crun_mnt_ns = rustix::fs::open(
+        format!("/proc/{}/ns/mnt", crun_pid.as_raw_nonzero()).as_str(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .ok();
     st.status = Status::Running;
     st.monitor_pid = Some(std::process::id() as i32);
     state::write_state(&dir, &st)?;
@@ -273,6 +284,7 @@ fn monitor(
         send(sock, &format!("started {}", crun_pid.as_raw_nonzero()));
     }
     send(sock, &format!("exit {code}"));
+    drop(crun_mnt_ns);
     drop(locked);
     Ok(())
 }

@@ -17,7 +17,8 @@
 //! │   ├── upper.img         --upper disk:SIZE: the sparse ext4 file behind upperfs/
 //! │   └── upperfs/          a kept tmpfs upper (a host tmpfs mount, until rm),
 //! │                         or a disk:SIZE upper (its loop-mounted ext4)
-//! ├── names/<name> → <id>   symlinks; creating one is the name's claim
+//! ├── names/<name> → <id>   symlinks; creating one is the name's claim (a --name;
+//! │                         a default name, the id's first 12 digits, is found as an id prefix)
 //! └── userns/<slot>         one file per allocated --userns auto range
 //! <root>/run/crun/          crun's own state (--root)
 //! ```
