@@ -645,6 +645,22 @@ fn privileged_run_detached_lifecycle() {
         ok(&f, &["exec", "-u", "alice", "web", "id", "-u"]),
         "1000\n"
     );
+    // The bundle (config.json, the /etc files, the rootfs mount point) is a
+    // tmpfs in crun's namespace only: on the host the container directory
+    // holds just the record, and bundle/ is an empty mount point.
+    let dir = f.root.join("containers").join(id);
+    let mut names: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["bundle", "ctr.log", "lock", "pid", "state.json"],
+        "{}",
+        dir.display()
+    );
+    assert_eq!(fs::read_dir(dir.join("bundle")).unwrap().count(), 0);
     // Limits are in place, in v1 groups on a hybrid host.
     let pid = container_pid(&f, "web");
     let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
@@ -665,6 +681,20 @@ fn privileged_run_detached_lifecycle() {
     assert_eq!(ok(&f, &["logs", "web"]), "started\nbye\n");
     assert_ne!(out(&f, &["exec", "web", "true"]).status.code(), Some(0));
     ok(&f, &["container", "rm", "web"]);
+    // A default name is the short id: no claim under names/, and the
+    // container is found by it (an id prefix).
+    let id = ok(&f, &["run", "-d", "T", "sleep", "30"]);
+    let short = &id.trim()[..12];
+    assert_eq!(ps_json(&f, false)[0]["name"], short);
+    assert_eq!(
+        fs::read_dir(f.root.join("containers/names"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert_eq!(ok(&f, &["exec", short, "hostname"]), format!("{short}\n"));
+    ok(&f, &["stop", "-t", "1", short]);
+    ok(&f, &["container", "rm", short]);
     // kill and --rm: the record goes by itself.
     ok(
         &f,

@@ -411,7 +411,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
             .stop_signal
             .clone()
             .unwrap_or_else(|| "SIGTERM".into()),
-        cgroups: Some(cgroups),
+        cgroups: Some(cgroups.clone()),
         limits: spec.limits,
     };
     // A failure from here on tears down what the state records; a crash
@@ -566,10 +566,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
 
     // The groups were recorded in the first state write, before this, so
     // a crash in between leaves them to the reaper.
-    let cg = st
-        .cgroups
-        .clone()
-        .expect("planned before the first state write");
+    let cg = cgroups;
     cgroup::make(&cg, &spec.limits)
         .map_err(|e| fail(&st, RunError::io("setting up cgroups for", &dir, e)))?;
     let resources = match layout {
