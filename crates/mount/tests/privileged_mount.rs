@@ -298,8 +298,28 @@ fn assert_only_the_overlay(fx: &Fixture, before: &[MountEntry]) -> MountEntry {
     ovl
 }
 
+/// Unmounts the test's stack. The tests run on threads of one process, and
+/// any of them may fork (mkfs.erofs, the user-namespace holder, the kill
+/// helper): until the child execs or closes its descriptors it holds copies
+/// of every fd this thread has open, files in our overlay included, and the
+/// kernel answers `EBUSY`. Such a hold lasts microseconds, so `EBUSY` is
+/// retried for up to two seconds; a file this test itself forgot to close
+/// keeps the mount busy for longer and still fails.
+fn umount_own_stack(target: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match umount(target) {
+            Ok(()) => return,
+            Err(err) if err.errno() == Some(Errno::BUSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(err) => panic!("umount {}: {err:?}", target.display()),
+        }
+    }
+}
+
 fn unmount_and_check_clean(fx: &Fixture, before: &[MountEntry], watch: &ImageWatch) {
-    umount(&fx.target).expect("umount");
+    umount_own_stack(&fx.target);
     watch.assert_released("after umount");
     assert_eq!(mounts(), before, "mount table must be exactly as before");
     assert!(!is_mountpoint(&fx.target).unwrap());
@@ -782,7 +802,7 @@ fn privileged_verity_require_is_refused_without_kernel_fs_verity() {
             // A kernel with fs-verity: the stack mounts (reads of objects
             // without verity would then fail, which is the point).
             mount_image(&opts).expect("verity=require mounts where the kernel has fs-verity");
-            umount(&fx.target).unwrap();
+            umount_own_stack(&fx.target);
         } else {
             let err = mount_image(&opts).expect_err("verity=require without kernel fs-verity");
             match &err {
