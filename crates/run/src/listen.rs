@@ -756,7 +756,7 @@ impl Proxy {
         self.st
             .container
             .as_ref()
-            .is_some_and(|c| self.paths.container(c).join("state.json").exists())
+            .is_some_and(|c| state::has_state(&self.paths.container(c)))
     }
 
     fn stop_container(&mut self, timeout: Duration) {

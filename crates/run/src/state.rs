@@ -71,6 +71,11 @@ impl Paths {
     pub fn crun_root(&self) -> PathBuf {
         self.root.join("run/crun")
     }
+    /// Where each container's bundle is attached, in crun's own mount
+    /// namespace only (an empty directory on the host).
+    pub fn bundle_mountpoint(&self) -> PathBuf {
+        self.root.join("run/bundle")
+    }
     pub fn userns_conf(&self) -> PathBuf {
         self.root.join("userns.conf")
     }
@@ -287,29 +292,72 @@ pub fn wait_unlocked(dir: &Path, timeout: std::time::Duration) -> Result<bool, R
     }
 }
 
-/// Writes `state.json` atomically.
+/// The record's file, and the complete next version while it replaces it.
+const STATE: &str = "state.json";
+const STATE_NEXT: &str = ".state.json.tmp";
+
+/// Writes `state.json`, so that a reader always finds a complete state.
+///
+/// The new state is written in full to `.state.json.tmp`; the old
+/// `state.json` is unlinked and the new one renamed into its place. Not a
+/// rename over the old file: ext4 (`auto_da_alloc`, the default) allocates
+/// and writes out the new file's blocks at once on a rename that replaces a
+/// file, for ~0.17 ms per state change on this machine's disk against
+/// ~0.03 ms this way. In the instant between unlink and rename (and after a
+/// crash there) the complete state is the temporary file, which
+/// [`read_state`] reads when `state.json` is missing.
 pub fn write_state(dir: &Path, state: &State) -> Result<(), RunError> {
-    let path = dir.join("state.json");
-    let tmp = dir.join(".state.json.tmp");
+    let path = dir.join(STATE);
+    let next = dir.join(STATE_NEXT);
     let data = serde_json::to_vec_pretty(state).expect("state serializes");
     let write = || -> io::Result<()> {
-        let mut f = File::create(&tmp)?;
+        let mut f = File::create(&next)?;
         f.write_all(&data)?;
-        fs::rename(&tmp, &path)
+        drop(f);
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        fs::rename(&next, &path)
     };
     write().map_err(|e| io_err("writing", &path, e))
 }
 
 /// Reads `state.json`; `None` if there is none (yet).
+///
+/// Where `state.json` is missing, a complete `.state.json.tmp` is the
+/// state (see [`write_state`]); one that does not parse is a first state
+/// being written, or the start of the next write after a rename this
+/// reader just missed, so `state.json` is read again.
 pub fn read_state(dir: &Path) -> Result<Option<State>, RunError> {
-    let path = dir.join("state.json");
-    match fs::read(&path) {
-        Ok(data) => serde_json::from_slice(&data)
-            .map(Some)
-            .map_err(|e| RunError::Invalid(format!("{}: invalid state: {e}", path.display()))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io_err("reading", &path, e)),
+    let path = dir.join(STATE);
+    let parse = |data: &[u8], at: &Path| {
+        serde_json::from_slice(data)
+            .map_err(|e| RunError::Invalid(format!("{}: invalid state: {e}", at.display())))
+    };
+    for _ in 0..3 {
+        match fs::read(&path) {
+            Ok(data) => return parse(&data, &path).map(Some),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("reading", &path, e)),
+        }
+        let next = dir.join(STATE_NEXT);
+        match fs::read(&next) {
+            Ok(data) => {
+                if let Ok(st) = parse(&data, &next) {
+                    return Ok(Some(st));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("reading", &next, e)),
+        }
     }
+    Ok(None)
+}
+
+/// Whether the record in `dir` has a state (see [`write_state`]).
+pub fn has_state(dir: &Path) -> bool {
+    dir.join(STATE).exists() || dir.join(STATE_NEXT).exists()
 }
 
 /// Claims `name` for container `id` (fails if another live container has it).
@@ -323,7 +371,7 @@ pub fn claim_name(paths: &Paths, name: &str, id: &str) -> Result<(), RunError> {
                 let stale = owner
                     .as_ref()
                     .and_then(|o| o.to_str())
-                    .is_none_or(|o| !paths.container(o).join("state.json").exists());
+                    .is_none_or(|o| !has_state(&paths.container(o)));
                 if !stale {
                     return Err(RunError::Invalid(format!(
                         "the name {name:?} is in use by container {}",
@@ -444,5 +492,72 @@ mod tests {
         assert!(try_lock(&held.dir).unwrap().is_none());
         drop(held);
         assert!(try_lock(&paths.container(&id)).unwrap().is_some());
+    }
+
+    fn sample(status: Status) -> State {
+        State {
+            id: new_id(),
+            name: "web".into(),
+            image: "demo".into(),
+            image_digest: "sha256:00".into(),
+            command: vec!["true".into()],
+            created: 1,
+            status,
+            pid: None,
+            monitor_pid: None,
+            exit_code: None,
+            finished: None,
+            upper: UpperKind::Tmpfs { size: 1 << 20 },
+            keep: false,
+            kept_upper: None,
+            remove: true,
+            detached: false,
+            tty: false,
+            userns: None,
+            log_path: None,
+            stop_signal: "SIGTERM".into(),
+            cgroups: None,
+            limits: Default::default(),
+        }
+    }
+
+    #[test]
+    fn state_rewrites_leave_one_file_and_a_crash_between_unlink_and_rename_is_read_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        assert!(read_state(dir).unwrap().is_none());
+        assert!(!has_state(dir));
+        write_state(dir, &sample(Status::Creating)).unwrap();
+        write_state(dir, &sample(Status::Running)).unwrap();
+        let names: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["state.json"]);
+        assert_eq!(read_state(dir).unwrap().unwrap().status, Status::Running);
+
+        // Killed after unlinking state.json, before the rename: the
+        // complete next state is what a reader (the reaper) gets.
+        let next = serde_json::to_vec(&sample(Status::Exited)).unwrap();
+        fs::write(dir.join(STATE_NEXT), &next).unwrap();
+        fs::remove_file(dir.join(STATE)).unwrap();
+        assert!(has_state(dir));
+        assert_eq!(read_state(dir).unwrap().unwrap().status, Status::Exited);
+
+        // Killed while writing the first state: there is none yet.
+        fs::write(dir.join(STATE_NEXT), &next[..next.len() / 2]).unwrap();
+        assert!(read_state(dir).unwrap().is_none());
+        // The next write replaces the debris.
+        write_state(dir, &sample(Status::Creating)).unwrap();
+        assert_eq!(read_state(dir).unwrap().unwrap().status, Status::Creating);
+        assert!(!dir.join(STATE_NEXT).exists());
+
+        // A corrupt state.json is an error that names it, not "no state".
+        fs::write(dir.join(STATE), b"{").unwrap();
+        let err = read_state(dir).unwrap_err().to_string();
+        assert!(
+            err.contains("state.json") && err.contains("invalid state"),
+            "{err}"
+        );
     }
 }
