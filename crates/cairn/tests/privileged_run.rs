@@ -646,8 +646,9 @@ fn privileged_run_detached_lifecycle() {
         "1000\n"
     );
     // The bundle (config.json, the /etc files, the rootfs mount point) is a
-    // tmpfs in crun's namespace only: on the host the container directory
-    // holds just the record, and bundle/ is an empty mount point.
+    // tmpfs in crun's namespace only, attached at run/bundle there: on the
+    // host the container directory holds just the record, no mount point,
+    // and run/bundle is empty.
     let dir = f.root.join("containers").join(id);
     let mut names: Vec<String> = fs::read_dir(&dir)
         .unwrap()
@@ -656,11 +657,11 @@ fn privileged_run_detached_lifecycle() {
     names.sort();
     assert_eq!(
         names,
-        ["bundle", "ctr.log", "lock", "pid", "state.json"],
+        ["ctr.log", "lock", "pid", "state.json"],
         "{}",
         dir.display()
     );
-    assert_eq!(fs::read_dir(dir.join("bundle")).unwrap().count(), 0);
+    assert_eq!(fs::read_dir(f.root.join("run/bundle")).unwrap().count(), 0);
     // Limits are in place, in v1 groups on a hybrid host.
     let pid = container_pid(&f, "web");
     let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
