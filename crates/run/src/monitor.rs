@@ -284,6 +284,19 @@ fn monitor(
         send(sock, &format!("started {}", crun_pid.as_raw_nonzero()));
     }
     send(sock, &format!("exit {code}"));
+    // Unmounting the stack (crun's namespace goes with this fd) waits for
+    // an expedited RCU grace period, which interrupts every CPU: let a
+    // foreground client exit first (it closes the socket), for 50 ms at most.
+    if let Some(s) = sock.as_mut() {
+        if s.set_read_timeout(Some(Duration::from_millis(50))).is_ok() {
+            let mut rest = [0u8; 64];
+            while let Ok(n) = s.read(&mut rest) {
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+    }
     drop(crun_mnt_ns);
     drop(locked);
     Ok(())
