@@ -20,6 +20,8 @@ use serde::Serialize;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod import;
+#[cfg(all(target_env = "musl", target_arch = "x86_64"))]
+mod memcpy;
 mod mkfs;
 mod pull;
 mod run_cmds;
