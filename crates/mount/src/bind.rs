@@ -15,16 +15,22 @@ use rustix::mount::{open_tree, OpenTreeFlags};
 
 use crate::error::{Action, MountError, StepFailure};
 
+/// A detached bind mount of `path` (`open_tree(OPEN_TREE_CLONE)`: an
+/// `O_PATH` fd of it, close on exec). The objects layer of a stack is one.
+pub(crate) fn clone_tree(path: &Path) -> Result<OwnedFd, StepFailure> {
+    open_tree(
+        CWD,
+        path,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|errno| StepFailure::new("open_tree (clone)", errno))
+}
+
 /// A detached, read-only bind mount of `path` (an `O_PATH` fd of it, close
 /// on exec), e.g. to `execveat` from.
 pub fn readonly_bind(path: &Path) -> Result<OwnedFd, MountError> {
     let run = || {
-        let fd = open_tree(
-            CWD,
-            path,
-            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-        )
-        .map_err(|errno| StepFailure::new("open_tree (clone)", errno))?;
+        let fd = clone_tree(path)?;
         crate::sys::mount_setattr_readonly(rustix::fd::AsFd::as_fd(&fd))
             .map_err(|errno| StepFailure::new("mount_setattr (read-only)", errno))?;
         Ok(fd)

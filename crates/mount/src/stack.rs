@@ -41,8 +41,9 @@ use rustix::fs::{
     chmodat, chownat, fstat, fstatvfs, mkdirat, openat, AtFlags, FileType, Gid, Mode, OFlags,
     StatVfsMountFlags, Uid, CWD,
 };
-use rustix::mount::{move_mount, open_tree, MountAttrFlags, MoveMountFlags, OpenTreeFlags};
+use rustix::mount::{move_mount, MountAttrFlags, MoveMountFlags};
 
+use crate::bind::clone_tree;
 use crate::error::{Action, MountError, StepFailure};
 use crate::fscontext::{fd_path, fd_subpath, FsContext};
 use crate::probe::{probe, verity_support_of, Feature, MissingFeature, Support};
@@ -292,12 +293,7 @@ fn mount_erofs(image: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, 
 /// A detached clone of the objects directory.
 fn open_objects(objects: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, MountError> {
     let run = || {
-        let fd = open_tree(
-            CWD,
-            objects,
-            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-        )
-        .map_err(|errno| StepFailure::new("open_tree (clone)", errno))?;
+        let fd = clone_tree(objects)?;
         let st = fstat(&fd).map_err(|errno| StepFailure::new("fstat", errno))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
             return Err(StepFailure::new(

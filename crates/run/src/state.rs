@@ -6,11 +6,8 @@
 //! ├── <id>/                 64 hex digits
 //! │   ├── lock              flock'ed exclusively by the container's monitor
 //! │   │                     (and its launcher) for as long as it runs
-//! │   ├── state.json        State (written by tmp + rename)
-//! │   ├── bundle/           the OCI bundle, empty here: crun's private mount
-//! │   │                     namespace has a tmpfs of the container's own on it
-//! │   │                     (config.json; hosts, resolv.conf, hostname, bind-
-//! │   │                     mounted into /etc) and the overlay on its rootfs/
+//! │   ├── state.json        State (see `write_state`: for an instant, or after
+//! │   │                     a crash then, a complete .state.json.tmp stands in)
 //! │   ├── pid               the container's init pid (crun --pid-file)
 //! │   ├── ctr.log           stdout+stderr of a detached container
 //! │   ├── upper/ work/      --upper disk
@@ -21,6 +18,10 @@
 //! │                         a default name, the id's first 12 digits, is found as an id prefix)
 //! └── userns/<slot>         one file per allocated --userns auto range
 //! <root>/run/crun/          crun's own state (--root)
+//! <root>/run/bundle/        empty here; in each crun's private mount namespace
+//!                           the container's OCI bundle, a tmpfs of its own
+//!                           (config.json; hosts, resolv.conf, hostname, bind-
+//!                           mounted into /etc), with the overlay on its rootfs/
 //! ```
 //!
 //! "Is this container alive?" is answered by the lock, not by a pid: the
@@ -335,13 +336,13 @@ pub fn read_state(dir: &Path) -> Result<Option<State>, RunError> {
         serde_json::from_slice(data)
             .map_err(|e| RunError::Invalid(format!("{}: invalid state: {e}", at.display())))
     };
+    let next = dir.join(STATE_NEXT);
     for _ in 0..3 {
         match fs::read(&path) {
             Ok(data) => return parse(&data, &path).map(Some),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err("reading", &path, e)),
         }
-        let next = dir.join(STATE_NEXT);
         match fs::read(&next) {
             Ok(data) => {
                 if let Ok(st) = parse(&data, &next) {
