@@ -7,7 +7,6 @@
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -200,16 +199,17 @@ pub(crate) fn output<T: Serialize>(
     Ok(())
 }
 
-fn main() -> ExitCode {
+fn main() {
     let cli = Cli::parse_from(run_cmds::rewrite_volume_flags(std::env::args_os()));
     init_logging(&cli.global);
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+    let code = match run(cli) {
+        Ok(()) => 0,
         Err(e) => {
             eprintln!("cairn: {e:#}");
-            ExitCode::FAILURE
+            1
         }
-    }
+    };
+    cairn_run::exit_now(code)
 }
 
 fn run(cli: Cli) -> Result<()> {

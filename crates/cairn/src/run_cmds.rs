@@ -488,10 +488,10 @@ fn run_container(g: &Global, args: &RunArgs) -> Result<()> {
         }
     });
     match result {
-        Ok(code) => std::process::exit(code),
+        Ok(code) => cairn_run::exit_now(code),
         Err(e) => {
             eprintln!("cairn: {e:#}");
-            std::process::exit(125)
+            cairn_run::exit_now(125)
         }
     }
 }
@@ -506,10 +506,10 @@ fn exec(g: &Global, args: &ExecArgs) -> Result<()> {
         user: args.user.clone(),
     };
     match cairn_run::exec(&paths(g), &args.container, &spec) {
-        Ok(code) => std::process::exit(code),
+        Ok(code) => cairn_run::exit_now(code),
         Err(e) => {
             eprintln!("cairn: exec in {}: {e:#}", args.container);
-            std::process::exit(125)
+            cairn_run::exit_now(125)
         }
     }
 }

@@ -61,6 +61,7 @@ pub use lifecycle::{exec, kill, list, logs, reap, remove, stop, ExecSpec};
 pub use listen::{ListenSpec, ListenState, ListenStatus, Listening};
 pub use spec::{Limits, Network, Volume};
 pub use state::{Paths, State, Status};
+pub use sys::exit_now;
 
 /// Why a container operation failed.
 #[derive(Debug, thiserror::Error)]

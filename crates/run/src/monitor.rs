@@ -62,7 +62,8 @@ pub(crate) fn monitor_main(
             1
         }
     };
-    std::process::exit(code)
+    drop(sock);
+    crate::sys::exit_now(code)
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
