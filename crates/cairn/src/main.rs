@@ -36,6 +36,9 @@ struct Cli {
     command: Command,
 }
 
+/// The store when neither --root nor CAIRN_ROOT names one.
+const DEFAULT_ROOT: &str = "/var/lib/cairn";
+
 #[derive(Args, Debug, Clone)]
 struct Global {
     /// The store: objects, images and refs live below this directory.
@@ -43,9 +46,14 @@ struct Global {
         long,
         global = true,
         env = "CAIRN_ROOT",
-        default_value = "/var/lib/cairn"
+        default_value = DEFAULT_ROOT
     )]
     root: PathBuf,
+    /// Runtime state of containers (crun's state, pid files): a tmpfs such
+    /// as /run is the place for it. Default: /run/cairn for the default
+    /// store, <root>/run for another one.
+    #[arg(long, global = true, env = "CAIRN_RUNROOT", value_name = "DIR")]
+    runroot: Option<PathBuf>,
     /// Print results as JSON.
     #[arg(long, global = true)]
     json: bool,

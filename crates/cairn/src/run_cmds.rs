@@ -259,7 +259,8 @@ pub fn rewrite_volume_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsS
         }
         out.push(args[i].clone());
         let takes_value = if let Some(long) = s.strip_prefix("--") {
-            !long.contains('=') && (LONG_VALUE.contains(&s.as_str()) || s == "--root")
+            !long.contains('=')
+                && (LONG_VALUE.contains(&s.as_str()) || s == "--root" || s == "--runroot")
         } else {
             // -it, -e VALUE, -eVALUE, -ie VALUE: a short value option takes
             // the next token only when it ends the cluster.
@@ -282,7 +283,13 @@ pub fn rewrite_volume_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsS
 }
 
 fn paths(g: &Global) -> Paths {
-    Paths::new(&g.root)
+    match &g.runroot {
+        Some(run) => Paths::with_runroot(&g.root, run),
+        None if g.root == Path::new(crate::DEFAULT_ROOT) => {
+            Paths::with_runroot(&g.root, Path::new("/run/cairn"))
+        }
+        None => Paths::new(&g.root),
+    }
 }
 
 /// Runs a container command; `run` and `exec` exit the process themselves.

@@ -78,7 +78,11 @@ fn fixture() -> Fixture {
 
 fn cmd(f: &Fixture, args: &[&str]) -> Command {
     let mut c = Command::new(cairn_bin());
-    c.arg("--root").arg(&f.root).arg("-q").args(args);
+    c.arg("--root")
+        .arg(&f.root)
+        .arg("-q")
+        .args(args)
+        .env_remove("CAIRN_RUNROOT");
     c
 }
 
@@ -168,11 +172,13 @@ fn assert_nothing_left(f: &Fixture) {
         "store tmp/: {:?}",
         entries(&f.root.join("tmp"))
     );
-    assert!(
-        entries(&f.root.join("run/crun")).is_empty(),
-        "crun state left: {:?}",
-        entries(&f.root.join("run/crun"))
-    );
+    for d in ["run/crun", "run/pids"] {
+        assert!(
+            entries(&f.root.join(d)).is_empty(),
+            "runtime state left in {d}: {:?}",
+            entries(&f.root.join(d))
+        );
+    }
     assert!(ps_json(f, true).is_empty());
     let loops = Command::new("losetup")
         .args(["-n", "-l", "-O", "NAME,BACK-FILE"])
@@ -657,11 +663,13 @@ fn privileged_run_detached_lifecycle() {
     names.sort();
     assert_eq!(
         names,
-        ["ctr.log", "lock", "pid", "state.json"],
+        ["ctr.log", "lock", "state.json"],
         "{}",
         dir.display()
     );
     assert_eq!(fs::read_dir(f.root.join("run/bundle")).unwrap().count(), 0);
+    // The pid file is runtime state: under the run root (here <root>/run).
+    assert!(f.root.join("run/pids").join(id).is_file());
     // Limits are in place, in v1 groups on a hybrid host.
     let pid = container_pid(&f, "web");
     let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
@@ -702,6 +710,60 @@ fn privileged_run_detached_lifecycle() {
         &["run", "-d", "--rm", "--name", "gone", "T", "sleep", "30"],
     );
     ok(&f, &["kill", "gone"]);
+    assert_nothing_left(&f);
+}
+
+/// A run root elsewhere (`--runroot`, as /run/cairn for the default store):
+/// crun's state and the pid file go there, the record stays in the store,
+/// and commands given without the option still find the container (it
+/// records its run root).
+#[test]
+fn privileged_run_runroot_elsewhere_is_recorded_and_used() {
+    let f = fixture();
+    let rr = f.base().join("runroot");
+    let rr_arg = rr.to_str().unwrap();
+    let id = ok(
+        &f,
+        &[
+            "--runroot",
+            rr_arg,
+            "run",
+            "-d",
+            "--name",
+            "r",
+            "T",
+            "sleep",
+            "30",
+        ],
+    );
+    let id = id.trim();
+    assert!(rr.join("crun").join(id).join("status").is_file());
+    assert!(rr.join("pids").join(id).is_file());
+    assert!(!f.root.join("run/crun").join(id).exists());
+    assert!(f
+        .root
+        .join("containers")
+        .join(id)
+        .join("state.json")
+        .is_file());
+    // Without --runroot: found through the record.
+    let ps = ps_json(&f, false);
+    assert_eq!(ps[0]["name"], "r");
+    assert!(ps[0]["pid"].as_i64().unwrap() > 0);
+    assert_eq!(ok(&f, &["exec", "r", "echo", "in"]), "in\n");
+    ok(&f, &["stop", "-t", "1", "r"]);
+    assert!(entries(&rr.join("crun")).is_empty());
+    assert!(entries(&rr.join("pids")).is_empty());
+    ok(&f, &["container", "rm", "r"]);
+    // A foreground run with the option set through the environment.
+    let o = cmd(&f, &["run", "T", "echo", "fg"])
+        .env("CAIRN_RUNROOT", &rr)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&o), "fg\n");
+    assert!(entries(&rr.join("crun")).is_empty());
+    assert!(entries(&rr.join("pids")).is_empty());
     assert_nothing_left(&f);
 }
 

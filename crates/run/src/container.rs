@@ -415,6 +415,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
             .unwrap_or_else(|| "SIGTERM".into()),
         cgroups: Some(cgroups.clone()),
         limits: spec.limits,
+        runroot: Some(paths.runroot().to_path_buf()),
     };
     // A failure from here on tears down what the state records; a crash
     // leaves it for the reaper.
@@ -649,7 +650,8 @@ fn claim_name_reaping(paths: &Paths, name: &str, id: &str) -> Result<(), RunErro
 pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
     let mut problems = Vec::new();
     let dir = paths.container(&st.id);
-    if let Err(e) = crun::delete(paths, st.cgroups.as_ref(), &st.id) {
+    let run_paths = paths.for_state(st);
+    if let Err(e) = crun::delete(&run_paths, st.cgroups.as_ref(), &st.id) {
         problems.push(format!("crun delete {}: {e}", st.id));
     }
     if let Some(cg) = &st.cgroups {
@@ -680,6 +682,14 @@ pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
             }
         }
     }
+    if let Err(e) = fs::remove_file(run_paths.pid_file(&st.id)) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            problems.push(format!(
+                "removing {}: {e}",
+                run_paths.pid_file(&st.id).display()
+            ));
+        }
+    }
     if st.remove {
         if !st.name.is_empty() {
             state::release_name(paths, &st.name, &st.id);
@@ -690,7 +700,6 @@ pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
             }
         }
     } else {
-        let _ = fs::remove_file(dir.join("pid"));
         if st.status != Status::Exited {
             st.status = Status::Exited;
             st.finished.get_or_insert_with(state::now);
@@ -714,7 +723,7 @@ pub(crate) fn crun_run_spawn(
     let mut args = vec![OsString::from("crun")];
     args.extend(crun::global_args(paths));
     args.extend(["run".into(), "--bundle".into(), p.bundle.path().into()]);
-    args.extend(["--pid-file".into(), dir.join("pid").into()]);
+    args.extend(["--pid-file".into(), paths.pid_file(&p.state.id).into()]);
     if let Some(c) = &p.console {
         args.extend(["--console-socket".into(), c.crun_path.clone().into()]);
     }

@@ -21,14 +21,10 @@ use crate::{userns, RunError};
 
 /// Whether the container's init process (per its pid file) is alive.
 fn init_alive(paths: &Paths, st: &State) -> bool {
-    let pid = st.pid.or_else(|| {
-        fs::read_to_string(paths.container(&st.id).join("pid"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-    });
+    let pid = st.pid.or_else(|| state::read_pid(paths, st));
     let Some(pid) = pid else { return false };
     // The pid is only the container's if crun still has it on record.
-    let status = paths.crun_root().join(&st.id).join("status");
+    let status = paths.for_state(st).crun_root().join(&st.id).join("status");
     let Ok(text) = fs::read_to_string(status) else {
         return false;
     };
@@ -102,9 +98,7 @@ pub fn list(paths: &Paths, all: bool) -> Result<Vec<State>, RunError> {
         let dir = paths.container(&id);
         if let Ok(Some(mut st)) = state::read_state(&dir) {
             if st.pid.is_none() {
-                st.pid = fs::read_to_string(dir.join("pid"))
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok());
+                st.pid = state::read_pid(paths, &st);
             }
             if all || st.status != Status::Exited {
                 out.push(st);
@@ -137,7 +131,7 @@ fn running(paths: &Paths, what: &str) -> Result<State, RunError> {
 pub fn kill(paths: &Paths, what: &str, signal: &str) -> Result<State, RunError> {
     parse_signal(signal)?;
     let st = running(paths, what)?;
-    crun::kill(paths, st.cgroups.as_ref(), &st.id, signal)?;
+    crun::kill(&paths.for_state(&st), st.cgroups.as_ref(), &st.id, signal)?;
     Ok(st)
 }
 
@@ -152,9 +146,10 @@ pub fn stop(paths: &Paths, what: &str, timeout: Duration) -> Result<State, RunEr
         return Ok(st);
     }
     let cg = st.cgroups.clone();
-    let _ = crun::kill(paths, cg.as_ref(), &id, &st.stop_signal);
+    let run_paths = paths.for_state(&st);
+    let _ = crun::kill(&run_paths, cg.as_ref(), &id, &st.stop_signal);
     if !state::wait_unlocked(&dir, timeout)? {
-        let _ = crun::kill(paths, cg.as_ref(), &id, "KILL");
+        let _ = crun::kill(&run_paths, cg.as_ref(), &id, "KILL");
         if !state::wait_unlocked(&dir, Duration::from_secs(10))? {
             return Err(RunError::Crun(format!(
                 "container {} did not stop after SIGKILL",
@@ -185,7 +180,7 @@ pub fn exec(paths: &Paths, what: &str, spec: &ExecSpec) -> Result<i32, RunError>
     }
     let st = running(paths, what)?;
     let dir = paths.container(&st.id);
-    let (mut cmd, setup) = crun::command(paths, st.cgroups.as_ref(), true)?;
+    let (mut cmd, setup) = crun::command(&paths.for_state(&st), st.cgroups.as_ref(), true)?;
     cmd.arg("exec");
     let console = if spec.tty {
         let name = format!("exec-{}.sock", std::process::id());
@@ -205,11 +200,7 @@ pub fn exec(paths: &Paths, what: &str, spec: &ExecSpec) -> Result<i32, RunError>
         cmd.arg("--cwd").arg(w);
     }
     if let Some(u) = &spec.user {
-        let pid = st.pid.or_else(|| {
-            fs::read_to_string(dir.join("pid"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-        });
+        let pid = st.pid.or_else(|| state::read_pid(paths, &st));
         let read =
             |f: &str| pid.and_then(|p| fs::read_to_string(format!("/proc/{p}/root/etc/{f}")).ok());
         let r = resolve_user(u, read("passwd").as_deref(), read("group").as_deref())

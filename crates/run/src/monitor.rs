@@ -150,8 +150,9 @@ fn monitor(
     let mut master: Option<OwnedFd> = None;
     let mut buf = Vec::new();
     let log = st.log_path.clone();
+    let pid_file = paths.pid_file(&st.id);
     loop {
-        if !started_sent && dir.join("pid").exists() {
+        if !started_sent && pid_file.exists() {
             send(sock, &format!("started {}", crun_pid.as_raw_nonzero()));
             started_sent = true;
         }
@@ -259,7 +260,7 @@ fn monitor(
     };
     let code = exit_code(std::process::ExitStatus::from_raw(status.as_raw() as i32));
     pipes.drain();
-    if !started_sent && !dir.join("pid").exists() {
+    if !started_sent && !pid_file.exists() {
         let tail = log
             .as_ref()
             .and_then(|l| fs::read_to_string(l).ok())
@@ -272,9 +273,7 @@ fn monitor(
             "the container did not start (crun exited with {code}): {tail}"
         )));
     }
-    st.pid = fs::read_to_string(dir.join("pid"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
+    st.pid = state::read_pid(paths, &st);
     st.exit_code = Some(code);
     st.finished = Some(state::now());
     st.status = Status::Exited;

@@ -8,7 +8,6 @@
 //! │   │                     (and its launcher) for as long as it runs
 //! │   ├── state.json        State (see `write_state`: for an instant, or after
 //! │   │                     a crash then, a complete .state.json.tmp stands in)
-//! │   ├── pid               the container's init pid (crun --pid-file)
 //! │   ├── ctr.log           stdout+stderr of a detached container
 //! │   ├── upper/ work/      --upper disk
 //! │   ├── upper.img         --upper disk:SIZE: the sparse ext4 file behind upperfs/
@@ -17,12 +16,23 @@
 //! ├── names/<name> → <id>   symlinks; creating one is the name's claim (a --name;
 //! │                         a default name, the id's first 12 digits, is found as an id prefix)
 //! └── userns/<slot>         one file per allocated --userns auto range
-//! <root>/run/crun/          crun's own state (--root)
-//! <root>/run/bundle/        empty here; in each crun's private mount namespace
+//!
+//! <runroot>/                runtime state: `--runroot`; /run/cairn for the
+//!                           default store, <root>/run for another one
+//! ├── crun/                 crun's own state (--root)
+//! ├── pids/<id>             the container's init pid (crun --pid-file)
+//! └── bundle/               empty here; in each crun's private mount namespace
 //!                           the container's OCI bundle, a tmpfs of its own
 //!                           (config.json; hosts, resolv.conf, hostname, bind-
 //!                           mounted into /etc), with the overlay on its rootfs/
 //! ```
+//!
+//! The runtime state is written and removed by every container start, and
+//! is meant for a tmpfs, as crun's and podman's defaults under /run are: on
+//! a disk filesystem each of those files is a block allocated and freed
+//! (on this project's test machine, ext4 without a journal, also slow to
+//! reuse the inode), about 0.4 ms of a `cairn run` (bench/README.md). A
+//! container records the run root it started under (`State::runroot`).
 //!
 //! "Is this container alive?" is answered by the lock, not by a pid: the
 //! kernel drops a `flock` when its holder dies however it dies, so a
@@ -42,20 +52,47 @@ use crate::cgroup::Cgroups;
 use crate::spec::Limits;
 use crate::RunError;
 
-/// Where everything of `cairn run` lives below a store root.
+/// Where everything of `cairn run` lives: the records below the store
+/// root, the runtime state (crun's, the pid files, the bundle mount point)
+/// below the run root.
 #[derive(Debug, Clone)]
 pub struct Paths {
     root: PathBuf,
+    run: PathBuf,
 }
 
 impl Paths {
+    /// A store whose run root is its own `run/` directory.
     pub fn new(root: &Path) -> Self {
+        let root = std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf());
+        let run = root.join("run");
+        Paths { root, run }
+    }
+    /// A store with its runtime state under `run` (as podman's `--runroot`:
+    /// meant for a tmpfs such as `/run`, whose contents go with a reboot,
+    /// as the containers do).
+    pub fn with_runroot(root: &Path, run: &Path) -> Self {
         Paths {
-            root: std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf()),
+            run: std::path::absolute(run).unwrap_or_else(|_| run.to_path_buf()),
+            ..Paths::new(root)
+        }
+    }
+    /// These paths with the run root `st` was started under (a container
+    /// is found where it was put, whatever the caller's run root).
+    pub fn for_state(&self, st: &State) -> Paths {
+        match &st.runroot {
+            Some(run) => Paths {
+                root: self.root.clone(),
+                run: run.clone(),
+            },
+            None => Paths::new(&self.root),
         }
     }
     pub fn root(&self) -> &Path {
         &self.root
+    }
+    pub fn runroot(&self) -> &Path {
+        &self.run
     }
     pub fn containers(&self) -> PathBuf {
         self.root.join("containers")
@@ -70,12 +107,16 @@ impl Paths {
         self.containers().join("userns")
     }
     pub fn crun_root(&self) -> PathBuf {
-        self.root.join("run/crun")
+        self.run.join("crun")
+    }
+    /// The container's init pid, as crun writes it (`--pid-file`).
+    pub fn pid_file(&self, id: &str) -> PathBuf {
+        self.run.join("pids").join(id)
     }
     /// Where each container's bundle is attached, in crun's own mount
     /// namespace only (an empty directory on the host).
     pub fn bundle_mountpoint(&self) -> PathBuf {
-        self.root.join("run/bundle")
+        self.run.join("bundle")
     }
     pub fn userns_conf(&self) -> PathBuf {
         self.root.join("userns.conf")
@@ -148,6 +189,16 @@ pub struct State {
     pub stop_signal: String,
     pub cgroups: Option<Cgroups>,
     pub limits: Limits,
+    /// The run root it was started under (none: the store's `run/`).
+    #[serde(default)]
+    pub runroot: Option<PathBuf>,
+}
+
+/// The container's init pid from crun's pid file, if crun wrote one.
+pub fn read_pid(paths: &Paths, st: &State) -> Option<i32> {
+    fs::read_to_string(paths.for_state(st).pid_file(&st.id))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
 }
 
 /// Seconds since the epoch.
@@ -232,7 +283,8 @@ fn io_err(what: &str, path: &Path, e: io::Error) -> RunError {
 /// Makes `<containers>/<id>/` with its lock held by us.
 pub fn create_dir(paths: &Paths, id: &str) -> Result<Locked, RunError> {
     let containers = paths.containers();
-    for d in [containers.clone(), paths.names(), paths.userns()] {
+    let pids = paths.runroot().join("pids");
+    for d in [containers.clone(), paths.names(), paths.userns(), pids] {
         fs::create_dir_all(&d).map_err(|e| io_err("creating", &d, e))?;
     }
     let dir = paths.container(id);
@@ -519,6 +571,7 @@ mod tests {
             stop_signal: "SIGTERM".into(),
             cgroups: None,
             limits: Default::default(),
+            runroot: None,
         }
     }
 
