@@ -136,6 +136,22 @@ stamp=$(date +%Y%m%d-%H%M%S)
 run=$work/run-$stamp-$$
 mkdir "$run"
 export CAIRN_ROOT=$run/store
+# Runtime state on a tmpfs, as on a systemd host, where /run is one: bare
+# crun's default --root (/run/crun) and cairn's run root. PID 1 is not
+# systemd here and /run is on the root ext4 (no journal, online discard),
+# where each file created and removed costs a block allocation, a
+# synchronous discard and a slow inode reuse (MACHINE-NOTES): ~0.15 ms of a
+# bare crun start, more of a cairn run, which writes more files. The
+# "runtime state on disk" rows measure both that way too. The mounts are in
+# this private mount namespace only.
+runtime_fs=$(stat -fc %T /run)
+mkdir -p "$run/runroot"
+mount -t tmpfs -o mode=0700 tmpfs "$run/runroot"
+export CAIRN_RUNROOT=$run/runroot
+if [ "$runtime_fs" != tmpfs ]; then
+  mkdir -p /run/crun
+  mount -t tmpfs -o mode=0700 tmpfs /run/crun
+fi
 samples=$run/samples.tsv
 : >"$samples"
 : >"$run/meta.tsv"
@@ -212,6 +228,7 @@ fresh() { seq_id=$((seq_id + 1)); printf '%s/%s-%d-%d' "$run" "$1" "$BASHPID" "$
 meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
 meta host "$(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), Linux $(uname -r), scratch on $(findmnt -no FSTYPE -T "$run"), $(crun --version | head -1)"
 meta cairn "$([ -x "$cairn" ] && "$cairn" --version 2>/dev/null | head -1) (git $(git -C "$repo" describe --always --dirty 2>/dev/null || echo ?))$([ "$have_cairn_run" -eq 1 ] || echo "; $cairn_na")"
+meta runtime "crun's --root and cairn's --runroot on a tmpfs, as /run is on a systemd host (here /run is $runtime_fs); the \"runtime state on the scratch disk\" rows put both there"
 meta runs "$runs"
 BENCH3_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 meta cgroups "$BENCH3_CGROUPS"
@@ -284,6 +301,9 @@ meta images "${descr[*]}"
 # start does not repeat (bundle, unpacked layers) is done above.
 cairn_true() { "$cairn" run "bench3-$1" /bin/true; }
 crun_true() { crun run --bundle "$run/bundle-$1" "b3-$BASHPID-$RANDOM" </dev/null || { echo "crun failed: rc $?" >&2; return 1; }; }
+# The same with the runtime state on the scratch disk (see CAIRN_RUNROOT above).
+cairn_true_disk() { CAIRN_RUNROOT=$CAIRN_ROOT/run "$cairn" run "bench3-$1" /bin/true; }
+crun_true_disk() { crun --root "$run/crun-state" run --bundle "$run/bundle-$1" "b3-$BASHPID-$RANDOM" </dev/null || { echo "crun failed: rc $?" >&2; return 1; }; }
 
 # Classic: the layers unpacked into directories (once, like a snapshotter's
 # cache), then per start an overlay over them with a tmpfs upper, crun, umount.
@@ -330,7 +350,7 @@ setup_btrfs() {
 
 # The host-view helpers run these in a child bash.
 export cairn run
-export -f cairn_true nspawn_true
+export -f cairn_true cairn_true_disk nspawn_true
 
 # ---------------------------------------------------------------- start
 if phase start; then
@@ -352,12 +372,15 @@ if phase start; then
     row "$m" crun "bare crun, plain directory"
     row "$m" cairn "cairn run (warm)" crun le:1.25
     [ -z "${BENCH3_OUTER:-}" ] || row "$m" cairn-cg2 "cairn run (warm), in bare crun's cgroup2 view" crun
+    row "$m" crun-disk "bare crun, runtime state on the scratch disk ($(findmnt -no FSTYPE -T "$run"))"
+    row "$m" cairn-disk "cairn run (warm), runtime state on the scratch disk" crun-disk
     row "$m" classic "overlay over unpacked layers + crun" crun
     row "$m" nspawn-ext4 "nspawn --ephemeral, ext4 (copy)" crun
     row "$m" nspawn-btrfs "nspawn --ephemeral, btrfs (snapshot)" crun
     if [ "$have_cairn_run" -eq 0 ]; then
       na "$m" cairn "$cairn_na"
       [ -z "${BENCH3_OUTER:-}" ] || na "$m" cairn-cg2 "$cairn_na"
+      na "$m" cairn-disk "$cairn_na"
     fi
     [ "$nspawn_ok" -eq 1 ] || na "$m" nspawn-ext4 "systemd-nspawn missing or failing"
     if [ "$nspawn_ok" -eq 0 ] || [ "$btrfs_ok" -eq 0 ]; then na "$m" nspawn-btrfs "no btrfs loop filesystem or nspawn"; fi
@@ -368,9 +391,11 @@ if phase start; then
     fi
     # One untimed start of each method warms the caches.
     crun_true "$img" >/dev/null
+    crun_true_disk "$img" >/dev/null
     classic_true "$img" >/dev/null
     if [ "$have_cairn_run" -eq 1 ]; then
       hostview cairn_true "$img" >/dev/null
+      hostview cairn_true_disk "$img" >/dev/null
       [ -z "${BENCH3_OUTER:-}" ] || cairn_true "$img" >/dev/null
     fi
     for i in $(seq 1 "$runs"); do
@@ -379,12 +404,14 @@ if phase start; then
         hv_timeit "$m" cairn cairn_true "$img"
         [ -z "${BENCH3_OUTER:-}" ] || timeit "$m" cairn-cg2 cairn_true "$img"
       fi
+      timeit "$m" crun-disk crun_true_disk "$img"
+      [ "$have_cairn_run" -eq 0 ] || hv_timeit "$m" cairn-disk cairn_true_disk "$img"
       timeit "$m" classic classic_true "$img"
       if [ "$nspawn_ok" -eq 1 ]; then
         hv_timeit "$m" nspawn-ext4 nspawn_true "$run/plain-$img"
         [ "$btrfs_ok" -eq 0 ] || hv_timeit "$m" nspawn-btrfs nspawn_true "$run/btrfs/$img"
       fi
-      say "$m $i/$runs: $(tail -6 "$samples" | awk -F'\t' -v m="$m" '$1 == m { printf "%s %s  ", $2, $3 }')"
+      say "$m $i/$runs: $(tail -8 "$samples" | awk -F'\t' -v m="$m" '$1 == m { printf "%s %s  ", $2, $3 }')"
     done
     if [ "$have_cairn_run" -eq 1 ] && [ "$img" = debian ]; then
       awk -F'\t' -v m="$m" '$1 == m && $2 == "cairn" { print m "\tcairn-vs-nspawn\t" $3 }' "$samples" >"$run/extra.tsv"

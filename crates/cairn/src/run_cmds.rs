@@ -488,7 +488,7 @@ fn run_container(g: &Global, args: &RunArgs) -> Result<()> {
             if keep {
                 eprintln!(
                     "cairn: kept the upper layer under {} (remove it with `cairn container rm`)",
-                    p.containers().display()
+                    p.data_dirs().display()
                 );
             }
             Ok(code)

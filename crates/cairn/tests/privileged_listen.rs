@@ -167,7 +167,7 @@ fn crun_containers(f: &Fixture) -> Vec<String> {
 
 /// Nothing of a container or a listener may be left.
 fn assert_nothing_left(f: &Fixture) {
-    let containers = f.root.join("containers");
+    let containers = f.root.join("run/containers");
     let listeners = f.root.join("listeners");
     wait_for(20, "containers and listeners to be torn down", || {
         entries(&containers)
@@ -263,7 +263,7 @@ fn privileged_listen_starts_on_demand_idles_and_restarts() {
     assert_eq!(l["listen"]["starts"], 1);
     assert_eq!(l["listen"]["proxy_pid"], pid);
     assert!(crun_containers(&f).is_empty());
-    assert!(entries(&f.root.join("containers/names")).is_empty());
+    assert!(entries(&f.root.join("run/containers/names")).is_empty());
     assert!(listening(hp));
 
     // The next connection starts it again.

@@ -154,7 +154,7 @@ fn kill9(pid: i32) {
 
 /// Everything a finished container could leave: none of it may be there.
 fn assert_nothing_left(f: &Fixture) {
-    let containers = f.root.join("containers");
+    let containers = f.root.join("run/containers");
     wait_for(20, "containers to be torn down", || {
         entries(&containers)
             .iter()
@@ -172,7 +172,7 @@ fn assert_nothing_left(f: &Fixture) {
         "store tmp/: {:?}",
         entries(&f.root.join("tmp"))
     );
-    for d in ["run/crun", "run/pids"] {
+    for d in ["run/crun", "containers"] {
         assert!(
             entries(&f.root.join(d)).is_empty(),
             "runtime state left in {d}: {:?}",
@@ -568,7 +568,7 @@ fn privileged_run_userns_auto_ranges_and_ownership() {
         assert_eq!((m.uid(), m.gid()), (start, start));
         assert!(start >= 100_000);
     }
-    assert_eq!(entries(&f.root.join("containers/userns")).len(), 2);
+    assert_eq!(entries(&f.root.join("run/containers/userns")).len(), 2);
     // Nothing in the store was chowned.
     for e in fs::read_dir(f.root.join("objects")).unwrap().flatten() {
         for o in fs::read_dir(e.path()).unwrap().flatten() {
@@ -655,21 +655,16 @@ fn privileged_run_detached_lifecycle() {
     // tmpfs in crun's namespace only, attached at run/bundle there: on the
     // host the container directory holds just the record, no mount point,
     // and run/bundle is empty.
-    let dir = f.root.join("containers").join(id);
+    let dir = f.root.join("run/containers").join(id);
     let mut names: Vec<String> = fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     names.sort();
-    assert_eq!(
-        names,
-        ["ctr.log", "lock", "state.json"],
-        "{}",
-        dir.display()
-    );
+    assert_eq!(names, ["lock", "pid", "state.json"], "{}", dir.display());
+    // The log is data, in the store.
+    assert_eq!(entries(&f.root.join("containers").join(id)), ["ctr.log"]);
     assert_eq!(fs::read_dir(f.root.join("run/bundle")).unwrap().count(), 0);
-    // The pid file is runtime state: under the run root (here <root>/run).
-    assert!(f.root.join("run/pids").join(id).is_file());
     // Limits are in place, in v1 groups on a hybrid host.
     let pid = container_pid(&f, "web");
     let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
@@ -696,7 +691,7 @@ fn privileged_run_detached_lifecycle() {
     let short = &id.trim()[..12];
     assert_eq!(ps_json(&f, false)[0]["name"], short);
     assert_eq!(
-        fs::read_dir(f.root.join("containers/names"))
+        fs::read_dir(f.root.join("run/containers/names"))
             .unwrap()
             .count(),
         0
@@ -714,56 +709,61 @@ fn privileged_run_detached_lifecycle() {
 }
 
 /// A run root elsewhere (`--runroot`, as /run/cairn for the default store):
-/// crun's state and the pid file go there, the record stays in the store,
-/// and commands given without the option still find the container (it
-/// records its run root).
+/// the records and crun's state go there, the data of a container (here a
+/// detached one's log) stays in the store, and data whose record is gone
+/// (the run root emptied by a reboot) is removed unless it is a kept upper.
 #[test]
-fn privileged_run_runroot_elsewhere_is_recorded_and_used() {
+fn privileged_run_runroot_elsewhere_holds_records_and_orphaned_data_goes() {
     let f = fixture();
     let rr = f.base().join("runroot");
-    let rr_arg = rr.to_str().unwrap();
-    let id = ok(
-        &f,
-        &[
-            "--runroot",
-            rr_arg,
-            "run",
-            "-d",
-            "--name",
-            "r",
-            "T",
-            "sleep",
-            "30",
-        ],
-    );
-    let id = id.trim();
-    assert!(rr.join("crun").join(id).join("status").is_file());
-    assert!(rr.join("pids").join(id).is_file());
-    assert!(!f.root.join("run/crun").join(id).exists());
+    let rcmd = |args: &[&str]| {
+        let mut c = cmd(&f, args);
+        c.env("CAIRN_RUNROOT", &rr).stdin(Stdio::null());
+        c.output().unwrap()
+    };
+    let o = rcmd(&["run", "-d", "--name", "r", "T", "sleep", "30"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = stdout(&o).trim().to_string();
+    assert!(rr.join("crun").join(&id).join("status").is_file());
+    let record = rr.join("containers").join(&id);
+    assert!(record.join("state.json").is_file() && record.join("pid").is_file());
+    assert_eq!(entries(&f.root.join("containers").join(&id)), ["ctr.log"]);
+    assert!(!f.root.join("run/containers").join(&id).exists());
+    // Another run root does not see it.
+    assert!(ps_json(&f, false).is_empty());
+    assert_eq!(stdout(&rcmd(&["exec", "r", "echo", "in"])), "in\n");
+    assert!(rcmd(&["stop", "-t", "1", "r"]).status.success());
+    assert!(rcmd(&["container", "rm", "r"]).status.success());
+    assert!(entries(&rr.join("crun")).is_empty());
+    assert!(!f.root.join("containers").join(&id).exists());
+    assert_eq!(stdout(&rcmd(&["run", "T", "echo", "fg"])), "fg\n");
+    assert!(entries(&rr.join("containers"))
+        .iter()
+        .all(|e| e == "names" || e == "userns"));
+
+    // A reboot empties the run root: the log goes at the next reap, a kept
+    // upper stays.
+    let o = rcmd(&["run", "-d", "T", "true"]);
+    let gone = stdout(&o).trim().to_string();
+    let o = rcmd(&["run", "--keep", "--upper", "disk", "T", "touch", "/kept"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let kept = entries(&f.root.join("containers"))
+        .into_iter()
+        .find(|e| *e != gone)
+        .unwrap();
+    wait_for(10, "the detached container to exit", || {
+        rcmd(&["--json", "ps"]).stdout.starts_with(b"[]")
+    });
+    fs::remove_dir_all(&rr).unwrap();
+    assert!(rcmd(&["ps", "-a"]).status.success());
+    assert!(!f.root.join("containers").join(&gone).exists());
     assert!(f
         .root
         .join("containers")
-        .join(id)
-        .join("state.json")
-        .is_file());
-    // Without --runroot: found through the record.
-    let ps = ps_json(&f, false);
-    assert_eq!(ps[0]["name"], "r");
-    assert!(ps[0]["pid"].as_i64().unwrap() > 0);
-    assert_eq!(ok(&f, &["exec", "r", "echo", "in"]), "in\n");
-    ok(&f, &["stop", "-t", "1", "r"]);
-    assert!(entries(&rr.join("crun")).is_empty());
-    assert!(entries(&rr.join("pids")).is_empty());
-    ok(&f, &["container", "rm", "r"]);
-    // A foreground run with the option set through the environment.
-    let o = cmd(&f, &["run", "T", "echo", "fg"])
-        .env("CAIRN_RUNROOT", &rr)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(stdout(&o), "fg\n");
-    assert!(entries(&rr.join("crun")).is_empty());
-    assert!(entries(&rr.join("pids")).is_empty());
+        .join(&kept)
+        .join("upper/kept")
+        .exists());
+    fs::remove_dir_all(f.root.join("containers").join(&kept)).unwrap();
     assert_nothing_left(&f);
 }
 

@@ -38,6 +38,9 @@ pub const DEFAULT_TMPFS_SIZE: u64 = 1 << 30;
 
 /// The file behind a size-capped disk upper, in the container's directory.
 const DISK_IMAGE: &str = "upper.img";
+/// In the data directory of a container run with `--keep`: its upper stays
+/// even when the record is gone (a reboot emptied the run root).
+pub(crate) const KEEP_MARKER: &str = "keep";
 
 /// `--upper`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -384,6 +387,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         .map_err(|e| RunError::io("setting up cgroups for", paths.container(&id), e))?;
     let locked = state::create_dir(paths, &id)?;
     let dir = locked.dir.clone();
+    let data = paths.data_dir(&id);
     let mut st = State {
         id: id.clone(),
         name: name.clone(),
@@ -408,14 +412,13 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         detached: spec.detach,
         tty: spec.tty,
         userns: None,
-        log_path: spec.detach.then(|| dir.join("ctr.log")),
+        log_path: spec.detach.then(|| data.join("ctr.log")),
         stop_signal: config
             .stop_signal
             .clone()
             .unwrap_or_else(|| "SIGTERM".into()),
         cgroups: Some(cgroups.clone()),
         limits: spec.limits,
-        runroot: Some(paths.runroot().to_path_buf()),
     };
     // A failure from here on tears down what the state records; a crash
     // leaves it for the reaper.
@@ -428,6 +431,16 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         e
     };
     state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
+    // On disk, after the record that makes the reaper remove it: what a
+    // container keeps or writes for later (only some have any).
+    if spec.detach || spec.keep || matches!(spec.upper, UpperChoice::Disk { .. }) {
+        fs::create_dir_all(&data).map_err(|e| fail(&st, RunError::io("creating", &data, e)))?;
+        if spec.keep {
+            let marker = data.join(KEEP_MARKER);
+            fs::write(&marker, format!("{}\n", st.name))
+                .map_err(|e| fail(&st, RunError::io("writing", &marker, e)))?;
+        }
+    }
     // A default name is the id's first 12 digits, which `lookup` finds as
     // an id prefix: only a chosen name needs a claim (on this store's disk
     // a claim is a block allocated and discarded per container).
@@ -469,7 +482,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
             size: Some(size.unwrap_or(DEFAULT_TMPFS_SIZE)),
         },
         (UpperChoice::Tmpfs { size }, true) => {
-            let at = dir.join("upperfs");
+            let at = data.join("upperfs");
             st.kept_upper = Some(at.join("upper"));
             state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
             mount_host_tmpfs(&at, size.unwrap_or(DEFAULT_TMPFS_SIZE)).map_err(|e| fail(&st, e))?;
@@ -477,19 +490,19 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         }
         (UpperChoice::Disk { size: None }, keep) => {
             if keep {
-                st.kept_upper = Some(dir.join("upper"));
+                st.kept_upper = Some(data.join("upper"));
             }
-            UpperSpec::Dir(dir.clone())
+            UpperSpec::Dir(data.clone())
         }
         (UpperChoice::Disk { size: Some(size) }, keep) => {
             // Its own filesystem of that size (see cairn_mount::disk),
             // mounted on the host like a kept tmpfs upper.
-            let at = dir.join("upperfs");
+            let at = data.join("upperfs");
             if keep {
                 st.kept_upper = Some(at.join("upper"));
             }
             state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
-            cairn_mount::mount_sized_upper(&dir.join(DISK_IMAGE), size, &at)
+            cairn_mount::mount_sized_upper(&data.join(DISK_IMAGE), size, &at)
                 .map_err(|e| fail(&st, e.into()))?;
             UpperSpec::Dir(at)
         }
@@ -650,8 +663,8 @@ fn claim_name_reaping(paths: &Paths, name: &str, id: &str) -> Result<(), RunErro
 pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
     let mut problems = Vec::new();
     let dir = paths.container(&st.id);
-    let run_paths = paths.for_state(st);
-    if let Err(e) = crun::delete(&run_paths, st.cgroups.as_ref(), &st.id) {
+    let data = paths.data_dir(&st.id);
+    if let Err(e) = crun::delete(paths, st.cgroups.as_ref(), &st.id) {
         problems.push(format!("crun delete {}: {e}", st.id));
     }
     if let Some(cg) = &st.cgroups {
@@ -664,17 +677,17 @@ pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
         userns::free(paths, slot, &st.id);
     }
     if !st.keep || st.remove {
-        let upperfs = dir.join("upperfs");
+        let upperfs = data.join("upperfs");
         if cairn_mount::is_mountpoint(&upperfs).unwrap_or(false) {
             let _ = cairn_mount::umount_with(&upperfs, cairn_mount::UmountOptions { lazy: true });
         }
-        if let Err(e) = fs::remove_file(dir.join(DISK_IMAGE)) {
+        if let Err(e) = fs::remove_file(data.join(DISK_IMAGE)) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                problems.push(format!("removing {}: {e}", dir.join(DISK_IMAGE).display()));
+                problems.push(format!("removing {}: {e}", data.join(DISK_IMAGE).display()));
             }
         }
         for d in ["upper", "work", "upperfs"] {
-            let p = dir.join(d);
+            let p = data.join(d);
             if let Err(e) = fs::remove_dir_all(&p) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     problems.push(format!("removing {}: {e}", p.display()));
@@ -682,24 +695,20 @@ pub fn teardown(paths: &Paths, st: &mut State) -> Vec<String> {
             }
         }
     }
-    if let Err(e) = fs::remove_file(run_paths.pid_file(&st.id)) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            problems.push(format!(
-                "removing {}: {e}",
-                run_paths.pid_file(&st.id).display()
-            ));
-        }
-    }
     if st.remove {
         if !st.name.is_empty() {
             state::release_name(paths, &st.name, &st.id);
         }
-        if let Err(e) = fs::remove_dir_all(&dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                problems.push(format!("removing {}: {e}", dir.display()));
+        // The data first: a record left by a crash here is retried.
+        for d in [&data, &dir] {
+            if let Err(e) = fs::remove_dir_all(d) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    problems.push(format!("removing {}: {e}", d.display()));
+                }
             }
         }
     } else {
+        let _ = fs::remove_file(paths.pid_file(&st.id));
         if st.status != Status::Exited {
             st.status = Status::Exited;
             st.finished.get_or_insert_with(state::now);

@@ -24,7 +24,7 @@ fn init_alive(paths: &Paths, st: &State) -> bool {
     let pid = st.pid.or_else(|| state::read_pid(paths, st));
     let Some(pid) = pid else { return false };
     // The pid is only the container's if crun still has it on record.
-    let status = paths.for_state(st).crun_root().join(&st.id).join("status");
+    let status = paths.clone().crun_root().join(&st.id).join("status");
     let Ok(text) = fs::read_to_string(status) else {
         return false;
     };
@@ -87,7 +87,37 @@ pub fn reap(paths: &Paths) -> Result<usize, RunError> {
         }
     }
     userns::free_orphans(paths);
+    remove_orphan_data(paths);
     Ok(n)
+}
+
+/// Removes the data directories whose record is gone: the run root is a
+/// tmpfs that a reboot empties (or was changed). A container's data is
+/// made after its record and removed before it, so no live container has
+/// one. Kept uppers (the `keep` marker) stay for their owner to take.
+fn remove_orphan_data(paths: &Paths) {
+    let Ok(rd) = fs::read_dir(paths.data_dirs()) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let Some(id) = e.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if !state::is_id(&id) || paths.container(&id).exists() {
+            continue;
+        }
+        let data = paths.data_dir(&id);
+        if data.join(crate::container::KEEP_MARKER).exists() {
+            continue;
+        }
+        let upperfs = data.join("upperfs");
+        if cairn_mount::is_mountpoint(&upperfs).unwrap_or(false) {
+            let _ = cairn_mount::umount_with(&upperfs, cairn_mount::UmountOptions { lazy: true });
+        }
+        if let Err(e) = fs::remove_dir_all(&data) {
+            tracing::warn!("removing {}: {e}", data.display());
+        }
+    }
 }
 
 /// All containers (reaped first); `all = false` keeps only running ones.
@@ -131,7 +161,7 @@ fn running(paths: &Paths, what: &str) -> Result<State, RunError> {
 pub fn kill(paths: &Paths, what: &str, signal: &str) -> Result<State, RunError> {
     parse_signal(signal)?;
     let st = running(paths, what)?;
-    crun::kill(&paths.for_state(&st), st.cgroups.as_ref(), &st.id, signal)?;
+    crun::kill(paths, st.cgroups.as_ref(), &st.id, signal)?;
     Ok(st)
 }
 
@@ -146,10 +176,9 @@ pub fn stop(paths: &Paths, what: &str, timeout: Duration) -> Result<State, RunEr
         return Ok(st);
     }
     let cg = st.cgroups.clone();
-    let run_paths = paths.for_state(&st);
-    let _ = crun::kill(&run_paths, cg.as_ref(), &id, &st.stop_signal);
+    let _ = crun::kill(paths, cg.as_ref(), &id, &st.stop_signal);
     if !state::wait_unlocked(&dir, timeout)? {
-        let _ = crun::kill(&run_paths, cg.as_ref(), &id, "KILL");
+        let _ = crun::kill(paths, cg.as_ref(), &id, "KILL");
         if !state::wait_unlocked(&dir, Duration::from_secs(10))? {
             return Err(RunError::Crun(format!(
                 "container {} did not stop after SIGKILL",
@@ -180,7 +209,7 @@ pub fn exec(paths: &Paths, what: &str, spec: &ExecSpec) -> Result<i32, RunError>
     }
     let st = running(paths, what)?;
     let dir = paths.container(&st.id);
-    let (mut cmd, setup) = crun::command(&paths.for_state(&st), st.cgroups.as_ref(), true)?;
+    let (mut cmd, setup) = crun::command(paths, st.cgroups.as_ref(), true)?;
     cmd.arg("exec");
     let console = if spec.tty {
         let name = format!("exec-{}.sock", std::process::id());

@@ -81,8 +81,7 @@ fn monitor(
 ) -> Result<(), RunError> {
     let dir = p.dir().to_path_buf();
     let mut st = p.state.clone();
-    if st.detached {
-        let log_path = dir.join("ctr.log");
+    if let Some(log_path) = st.log_path.clone().filter(|_| st.detached) {
         let log = OpenOptions::new()
             .create(true)
             .append(true)

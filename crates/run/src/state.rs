@@ -1,38 +1,46 @@
-//! Containers on disk: one directory per container, its `state.json`, the
-//! lock that tells a live container from a dead one, and names.
+//! Containers: one record per container (its `state.json`, the lock that
+//! tells a live container from a dead one), names, and what a container
+//! keeps on disk.
 //!
 //! ```text
-//! <root>/containers/
-//! ├── <id>/                 64 hex digits
-//! │   ├── lock              flock'ed exclusively by the container's monitor
-//! │   │                     (and its launcher) for as long as it runs
-//! │   ├── state.json        State (see `write_state`: for an instant, or after
-//! │   │                     a crash then, a complete .state.json.tmp stands in)
-//! │   ├── ctr.log           stdout+stderr of a detached container
-//! │   ├── upper/ work/      --upper disk
-//! │   ├── upper.img         --upper disk:SIZE: the sparse ext4 file behind upperfs/
-//! │   └── upperfs/          a kept tmpfs upper (a host tmpfs mount, until rm),
-//! │                         or a disk:SIZE upper (its loop-mounted ext4)
-//! ├── names/<name> → <id>   symlinks; creating one is the name's claim (a --name;
-//! │                         a default name, the id's first 12 digits, is found as an id prefix)
-//! └── userns/<slot>         one file per allocated --userns auto range
-//!
-//! <runroot>/                runtime state: `--runroot`; /run/cairn for the
-//!                           default store, <root>/run for another one
+//! <runroot>/                runtime state (`--runroot`): /run/cairn for the
+//! │                         default store, <root>/run for another one
+//! ├── containers/
+//! │   ├── <id>/             the record; 64 hex digits
+//! │   │   ├── lock          flock'ed exclusively by the container's monitor
+//! │   │   │                 (and its launcher) for as long as it runs
+//! │   │   ├── state.json    State (see `write_state`: for an instant, or after
+//! │   │   │                 a crash then, a complete .state.json.tmp stands in)
+//! │   │   └── pid           the container's init pid (crun --pid-file)
+//! │   ├── names/<name> → <id>  symlinks; creating one is the name's claim (a
+//! │   │                     --name; a default name, the id's first 12 digits,
+//! │   │                     is found as an id prefix)
+//! │   └── userns/<slot>     one file per allocated --userns auto range
 //! ├── crun/                 crun's own state (--root)
-//! ├── pids/<id>             the container's init pid (crun --pid-file)
 //! └── bundle/               empty here; in each crun's private mount namespace
 //!                           the container's OCI bundle, a tmpfs of its own
 //!                           (config.json; hosts, resolv.conf, hostname, bind-
 //!                           mounted into /etc), with the overlay on its rootfs/
+//!
+//! <root>/containers/<id>/   data, only for containers that have some
+//! ├── ctr.log               stdout+stderr of a detached container
+//! ├── keep                  --keep: the upper stays when the record goes
+//! ├── upper/ work/          --upper disk
+//! ├── upper.img             --upper disk:SIZE: the sparse ext4 file behind upperfs/
+//! └── upperfs/              a kept tmpfs upper (a host tmpfs mount, until rm),
+//!                           or a disk:SIZE upper (its loop-mounted ext4)
 //! ```
 //!
-//! The runtime state is written and removed by every container start, and
-//! is meant for a tmpfs, as crun's and podman's defaults under /run are: on
-//! a disk filesystem each of those files is a block allocated and freed
-//! (on this project's test machine, ext4 without a journal, also slow to
-//! reuse the inode), about 0.4 ms of a `cairn run` (bench/README.md). A
-//! container records the run root it started under (`State::runroot`).
+//! The records and crun's state are written and removed by every container
+//! start and are meant for a tmpfs, as containerd's and podman's runtime
+//! state under /run is; they go with a reboot, as the containers do. On a
+//! disk filesystem each of those files is an inode and a block allocated
+//! and freed (on this project's test machine, ext4 without a journal, also
+//! slow to reuse the inode): about 0.5 ms of a `cairn run`
+//! (bench/README.md). What must outlive a reboot or may grow (disk uppers,
+//! logs) is in the store; data without a record is removed by the reaper,
+//! kept uppers excepted. Every command on a store must use the same run
+//! root (as with podman's `--runroot`).
 //!
 //! "Is this container alive?" is answered by the lock, not by a pid: the
 //! kernel drops a `flock` when its holder dies however it dies, so a
@@ -77,28 +85,28 @@ impl Paths {
             ..Paths::new(root)
         }
     }
-    /// These paths with the run root `st` was started under (a container
-    /// is found where it was put, whatever the caller's run root).
-    pub fn for_state(&self, st: &State) -> Paths {
-        match &st.runroot {
-            Some(run) => Paths {
-                root: self.root.clone(),
-                run: run.clone(),
-            },
-            None => Paths::new(&self.root),
-        }
-    }
     pub fn root(&self) -> &Path {
         &self.root
     }
     pub fn runroot(&self) -> &Path {
         &self.run
     }
+    /// The containers' records.
     pub fn containers(&self) -> PathBuf {
-        self.root.join("containers")
+        self.run.join("containers")
     }
+    /// A container's record: its lock, state and pid file.
     pub fn container(&self, id: &str) -> PathBuf {
         self.containers().join(id)
+    }
+    /// What of the containers must be on disk (disk uppers, logs).
+    pub fn data_dirs(&self) -> PathBuf {
+        self.root.join("containers")
+    }
+    /// A container's data: a disk upper, a kept upper, the log of a
+    /// detached container. Made only for containers that have one.
+    pub fn data_dir(&self, id: &str) -> PathBuf {
+        self.data_dirs().join(id)
     }
     pub fn names(&self) -> PathBuf {
         self.containers().join("names")
@@ -111,7 +119,7 @@ impl Paths {
     }
     /// The container's init pid, as crun writes it (`--pid-file`).
     pub fn pid_file(&self, id: &str) -> PathBuf {
-        self.run.join("pids").join(id)
+        self.container(id).join("pid")
     }
     /// Where each container's bundle is attached, in crun's own mount
     /// namespace only (an empty directory on the host).
@@ -189,14 +197,11 @@ pub struct State {
     pub stop_signal: String,
     pub cgroups: Option<Cgroups>,
     pub limits: Limits,
-    /// The run root it was started under (none: the store's `run/`).
-    #[serde(default)]
-    pub runroot: Option<PathBuf>,
 }
 
 /// The container's init pid from crun's pid file, if crun wrote one.
 pub fn read_pid(paths: &Paths, st: &State) -> Option<i32> {
-    fs::read_to_string(paths.for_state(st).pid_file(&st.id))
+    fs::read_to_string(paths.pid_file(&st.id))
         .ok()
         .and_then(|s| s.trim().parse().ok())
 }
@@ -283,8 +288,7 @@ fn io_err(what: &str, path: &Path, e: io::Error) -> RunError {
 /// Makes `<containers>/<id>/` with its lock held by us.
 pub fn create_dir(paths: &Paths, id: &str) -> Result<Locked, RunError> {
     let containers = paths.containers();
-    let pids = paths.runroot().join("pids");
-    for d in [containers.clone(), paths.names(), paths.userns(), pids] {
+    for d in [containers.clone(), paths.names(), paths.userns()] {
         fs::create_dir_all(&d).map_err(|e| io_err("creating", &d, e))?;
     }
     let dir = paths.container(id);
@@ -571,7 +575,6 @@ mod tests {
             stop_signal: "SIGTERM".into(),
             cgroups: None,
             limits: Default::default(),
-            runroot: None,
         }
     }
 

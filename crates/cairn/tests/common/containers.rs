@@ -70,10 +70,15 @@ pub fn leaked_cgroups() -> Vec<PathBuf> {
             TEST_DIR_PREFIXES.iter().any(|p| n.starts_with(p))
         })
         .flat_map(|e| {
-            fs::read_dir(e.path().join("store/containers"))
+            // Records in a store's own run root, or in a test's other one.
+            ["store/run/containers", "runroot/containers"]
                 .into_iter()
-                .flatten()
-                .flatten()
+                .flat_map(move |d| {
+                    fs::read_dir(e.path().join(d))
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                })
         })
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
