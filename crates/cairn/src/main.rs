@@ -49,9 +49,10 @@ struct Global {
         default_value = DEFAULT_ROOT
     )]
     root: PathBuf,
-    /// Runtime state of containers (crun's state, pid files): a tmpfs such
-    /// as /run is the place for it. Default: /run/cairn for the default
-    /// store, <root>/run for another one.
+    /// Runtime state of containers (their records, names, crun's state): a
+    /// tmpfs such as /run is the place for it. Default: /run/cairn for the
+    /// default store, <root>/run for another one. Use the same for every
+    /// command on a store.
     #[arg(long, global = true, env = "CAIRN_RUNROOT", value_name = "DIR")]
     runroot: Option<PathBuf>,
     /// Print results as JSON.

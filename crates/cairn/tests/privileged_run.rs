@@ -755,7 +755,14 @@ fn privileged_run_runroot_elsewhere_holds_records_and_orphaned_data_goes() {
         rcmd(&["--json", "ps"]).stdout.starts_with(b"[]")
     });
     fs::remove_dir_all(&rr).unwrap();
+    // A record of the layout before the run root (an older cairn) with a
+    // disk upper: not orphaned data, left alone.
+    let old = f.root.join("containers").join("ab".repeat(32));
+    fs::create_dir_all(old.join("upper")).unwrap();
+    fs::write(old.join("state.json"), "{}").unwrap();
     assert!(rcmd(&["ps", "-a"]).status.success());
+    assert!(old.join("upper").is_dir());
+    fs::remove_dir_all(&old).unwrap();
     assert!(!f.root.join("containers").join(&gone).exists());
     assert!(f
         .root

@@ -24,7 +24,7 @@ fn init_alive(paths: &Paths, st: &State) -> bool {
     let pid = st.pid.or_else(|| state::read_pid(paths, st));
     let Some(pid) = pid else { return false };
     // The pid is only the container's if crun still has it on record.
-    let status = paths.clone().crun_root().join(&st.id).join("status");
+    let status = paths.crun_root().join(&st.id).join("status");
     let Ok(text) = fs::read_to_string(status) else {
         return false;
     };
@@ -107,7 +107,9 @@ fn remove_orphan_data(paths: &Paths) {
             continue;
         }
         let data = paths.data_dir(&id);
-        if data.join(crate::container::KEEP_MARKER).exists() {
+        // A state.json here is a record of the layout before the run root
+        // (an older cairn): not data of a gone record; leave it alone.
+        if data.join(crate::container::KEEP_MARKER).exists() || data.join("state.json").exists() {
             continue;
         }
         let upperfs = data.join("upperfs");

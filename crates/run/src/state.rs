@@ -60,9 +60,9 @@ use crate::cgroup::Cgroups;
 use crate::spec::Limits;
 use crate::RunError;
 
-/// Where everything of `cairn run` lives: the records below the store
-/// root, the runtime state (crun's, the pid files, the bundle mount point)
-/// below the run root.
+/// Where everything of `cairn run` lives: records, names, crun's state and
+/// the bundle mount point below the run root; what a container keeps on
+/// disk below the store root.
 #[derive(Debug, Clone)]
 pub struct Paths {
     root: PathBuf,
