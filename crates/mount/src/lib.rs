@@ -42,5 +42,7 @@ pub use mountinfo::{
     find_mount, is_mountpoint, mount_table, umount, umount_with, MountEntry, UmountOptions,
 };
 pub use probe::{probe, Feature, KernelFeatures, MissingFeature, Support};
-pub use stack::{mount_image, prepare_image, MountOptions, PreparedMount, UpperSpec, VerityMode};
+pub use stack::{
+    mount_image, prepare_image, DetachedLayers, MountOptions, PreparedMount, UpperSpec, VerityMode,
+};
 pub use userns::{IdMap, UserNamespace};
