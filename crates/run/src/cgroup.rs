@@ -7,23 +7,30 @@
 //!   through the v1 controllers.
 //! - **Hybrid** (v1 controllers plus an almost empty cgroup2 at
 //!   `/sys/fs/cgroup/unified`), which crun 1.8 refuses. cairn makes a
-//!   cgroup2 group `unified/<own>/cairn/<id>`, moves crun into it, and runs
+//!   cgroup2 group `unified/<own>/cairn-<id>`, starts crun in it, and runs
 //!   crun in a new cgroup and mount namespace with cgroup2 mounted on
 //!   `/sys/fs/cgroup`: crun sees a pure cgroup2 host whose root is that
 //!   group and puts the container in `<id>/<id>` below it. Limits cannot go
 //!   through crun there (the controllers are on v1, and its cgroup2 device
 //!   filter needs `CAP_SYS_RESOURCE`), so `--memory`, `--cpus` and
 //!   `--pids-limit` are written into v1 groups `<memory|cpu|pids mount>/
-//!   <own>/cairn/<id>` that crun joins before it starts the container.
+//!   <own>/cairn-<id>` that crun joins before it starts the container.
 //!   Every crun call for the container (exec, kill, delete) enters the same
 //!   view, or crun cannot find the container's cgroup.
 //!
 //! `<own>` is the caller's cgroup in that hierarchy (`/proc/self/cgroup`),
 //! so a container stays inside whatever limits its caller lives under.
 //!
+//! The hybrid groups sit flat beside the caller's other groups, without a
+//! shared `cairn` parent: a parent would have to be made and removed
+//! around every container (or left behind), and each cgroup mkdir and
+//! rmdir costs tens of microseconds on the way to a container's start and
+//! exit.
+//!
 //! Nothing here changes a `subtree_control` file: controllers are never
 //! enabled on cgroup2 in hybrid mode. Groups are removed at teardown,
-//! deepest first, and the `cairn` parent too once it is empty.
+//! deepest first, and a `cairn` parent (unified and legacy layouts) too
+//! once it is empty.
 
 use std::fs;
 use std::io;
@@ -117,10 +124,13 @@ fn v1_mount(controller: &str) -> Option<PathBuf> {
     None
 }
 
+/// The prefix of a hybrid host's container groups: `cairn-<id>`.
+pub const GROUP_PREFIX: &str = "cairn-";
+
+/// `base/own/cairn-<id>`: container `id`'s group beside the caller's.
 fn join(base: &Path, own: &str, id: &str) -> PathBuf {
     base.join(own.trim_start_matches('/'))
-        .join("cairn")
-        .join(id)
+        .join(format!("{GROUP_PREFIX}{id}"))
 }
 
 /// Plans the groups for container `id` with `limits` (nothing is made).
@@ -238,8 +248,8 @@ fn make_groups(cg: &Cgroups, limits: &Limits) -> io::Result<()> {
     Ok(())
 }
 
-/// mkdir -p, retried when a concurrent teardown removes the shared `cairn`
-/// parent between our mkdirs.
+/// mkdir -p, retried when a concurrent teardown removes a parent between
+/// our mkdirs (records made before the groups were flat).
 fn mkdir_retrying(path: &Path) -> io::Result<()> {
     let mut last = None;
     for _ in 0..20 {
@@ -313,8 +323,8 @@ fn rmdir_tree(g: &Path) -> io::Result<()> {
     }
 }
 
-/// Every `cairn` group on this host, in every hierarchy (for tests and
-/// `cairn ps` diagnostics): paths of `cairn/<id>` directories.
+/// Every cairn group on this host, in every hierarchy (for tests and
+/// diagnostics): `cairn` parents and flat `cairn-<id>` groups.
 pub fn stray_groups() -> Vec<PathBuf> {
     let mut out = Vec::new();
     let Ok(top) = fs::read_dir(CGROUP_ROOT) else {
@@ -330,6 +340,12 @@ pub fn stray_groups() -> Vec<PathBuf> {
     out
 }
 
+/// Whether `name` is a flat container group, `cairn-<64 hex digits>`.
+pub fn is_container_group(name: &str) -> bool {
+    name.strip_prefix(GROUP_PREFIX)
+        .is_some_and(|id| id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 fn find_cairn(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
     if depth > 6 {
         return;
@@ -340,7 +356,9 @@ fn find_cairn(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
             continue;
         }
         let p = e.path();
-        if e.file_name() == "cairn" {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name == "cairn" || is_container_group(&name) {
             out.push(p);
         } else {
             find_cairn(&p, depth + 1, out);
@@ -363,11 +381,15 @@ mod tests {
     fn join_nests_under_own_group() {
         assert_eq!(
             join(Path::new("/sys/fs/cgroup/memory"), "/a/b", "x"),
-            Path::new("/sys/fs/cgroup/memory/a/b/cairn/x")
+            Path::new("/sys/fs/cgroup/memory/a/b/cairn-x")
         );
         assert_eq!(
             join(Path::new("/sys/fs/cgroup/unified"), "/", "x"),
-            Path::new("/sys/fs/cgroup/unified/cairn/x")
+            Path::new("/sys/fs/cgroup/unified/cairn-x")
         );
+        let id = "ab".repeat(32);
+        assert!(is_container_group(&format!("cairn-{id}")));
+        assert!(!is_container_group("cairn-bench3-123"));
+        assert!(!is_container_group(&id));
     }
 }

@@ -36,8 +36,9 @@ pub fn entries(dir: &Path) -> Vec<String> {
     v
 }
 
-/// `cairn/<id>` cgroups (any hierarchy) whose container directory exists
-/// in no test store: leaked ones.
+/// Container cgroups (`cairn/<id>`, or flat `cairn-<id>` on a hybrid
+/// host; any hierarchy) whose container record exists in no test store:
+/// leaked ones.
 pub fn leaked_cgroups() -> Vec<PathBuf> {
     fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
         if depth > 6 {
@@ -54,6 +55,8 @@ pub fn leaked_cgroups() -> Vec<PathBuf> {
                         out.push(g.path());
                     }
                 }
+            } else if cairn_run::cgroup::is_container_group(&e.file_name().to_string_lossy()) {
+                out.push(e.path());
             } else {
                 walk(&e.path(), depth + 1, out);
             }
@@ -84,6 +87,12 @@ pub fn leaked_cgroups() -> Vec<PathBuf> {
         .collect();
     groups
         .into_iter()
-        .filter(|g| !live.contains(&g.file_name().unwrap().to_string_lossy().into_owned()))
+        .filter(|g| {
+            let name = g.file_name().unwrap().to_string_lossy().into_owned();
+            let id = name
+                .strip_prefix(cairn_run::cgroup::GROUP_PREFIX)
+                .unwrap_or(&name);
+            !live.contains(id)
+        })
         .collect()
 }
