@@ -125,12 +125,8 @@ impl Prepared {
 }
 
 fn has_cap_sys_resource() -> bool {
-    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << 24) != 0)
+    use rustix::thread::{capabilities, CapabilitySet};
+    capabilities(None).is_ok_and(|c| c.effective.contains(CapabilitySet::SYS_RESOURCE))
 }
 
 fn nofile_limit() -> u64 {
