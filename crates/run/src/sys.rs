@@ -210,23 +210,19 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         args.flags |= CLONE_INTO_CGROUP;
         args.cgroup = cg.as_raw_fd() as u64;
     }
-    // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy of
-    // this address space and runs `child`, which only makes system calls
-    // on data prepared above (no allocation, no locks: another thread of
-    // ours may have held a lock at the moment of the copy) and never
-    // returns. `args` and `pidfd` outlive the call.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            std::ptr::addr_of_mut!(args),
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    let ret = clone_child(
+        &mut args,
+        &ChildArgs {
+            spec,
+            argv: &argv,
+            envp: &envp,
+            err_w: err_w.as_raw_fd(),
+        },
+    );
     if ret < 0 {
-        return Err(SpawnError::Clone(io::Error::last_os_error()));
-    }
-    if ret == 0 {
-        child(spec, &argv, &envp, err_w.as_raw_fd());
+        return Err(SpawnError::Clone(io::Error::from_raw_os_error(
+            (-ret) as i32,
+        )));
     }
     drop(err_w);
     // SAFETY: the kernel stored a new pidfd there (CLONE_PIDFD), owned by us.
@@ -255,6 +251,104 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     })
 }
 
+/// What the child of [`spawn`] needs, in the parent's memory.
+struct ChildArgs<'a> {
+    spec: &'a SpawnSpec,
+    argv: &'a [*const libc::c_char],
+    envp: &'a [*const libc::c_char],
+    err_w: RawFd,
+}
+
+/// The stack of a `CLONE_VM` child: it makes a few system calls and execs.
+#[cfg(target_arch = "x86_64")]
+const CHILD_STACK: usize = 256 << 10;
+
+/// clone3 with `args`, the child running [`child`] until it execs or
+/// exits. Returns the child's pid, or `-errno`.
+///
+/// On x86-64 the child shares this address space (`CLONE_VM`) on a stack
+/// of its own, and this thread sleeps until the child has exec'd or exited
+/// (`CLONE_VFORK`), as `posix_spawn` does: the kernel copies no page tables
+/// and write-protects none of our pages (each of which would otherwise
+/// fault again at our next write to it), and the child's exec has no copy
+/// to tear down. Elsewhere it is a plain fork.
+fn clone_child(args: &mut CloneArgs, child_args: &ChildArgs<'_>) -> isize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Never written by us; the kernel only needs the range. Not touched
+        // beyond the pages the child's frames use.
+        let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
+        args.flags |= (libc::CLONE_VM | libc::CLONE_VFORK) as u64;
+        args.stack = stack.as_mut_ptr() as u64;
+        // The kernel starts the child at stack + stack_size; `call` then
+        // needs that 16-byte aligned.
+        args.stack_size = (CHILD_STACK as u64) & !15;
+        let ret: isize;
+        // SAFETY: clone3(2) with CLONE_VM|CLONE_VFORK: the parent side
+        // continues after `syscall` with rax = pid or -errno, every other
+        // register but rcx and r11 intact. The child starts at the same
+        // instruction with rax = 0 and rsp at the top of `stack`, which
+        // outlives it (we sleep until it execs or exits); it calls
+        // `child_entry(child_args)` with a 16-byte aligned stack, which never
+        // returns (`ud2` would trap if it did). `child_entry` only makes
+        // system calls on data prepared above and writes nothing of ours
+        // but errno.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                "test rax, rax",
+                "jnz 2f",
+                "xor ebp, ebp",
+                "mov rdi, r12",
+                "call r13",
+                "ud2",
+                "2:",
+                inlateout("rax") libc::SYS_clone3 as isize => ret,
+                in("rdi") std::ptr::from_mut(args),
+                in("rsi") std::mem::size_of::<CloneArgs>(),
+                in("r12") std::ptr::from_ref(child_args),
+                in("r13") child_entry as extern "C" fn(*const ChildArgs<'_>) -> !,
+                lateout("rcx") _,
+                lateout("r11") _,
+            );
+        }
+        drop(stack);
+        ret
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy
+        // of this address space and runs `child`, which only makes system
+        // calls on data prepared by the caller (no allocation, no locks:
+        // another thread of ours may have held a lock at the moment of the
+        // copy) and never returns. `args` outlives the call.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                std::ptr::from_mut(args),
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if ret == 0 {
+            child_entry(child_args);
+        }
+        if ret < 0 {
+            return -(io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL) as isize);
+        }
+        ret as isize
+    }
+}
+
+/// Where the child of [`clone_child`] starts.
+extern "C" fn child_entry(a: *const ChildArgs<'_>) -> ! {
+    // SAFETY: `a` points to the parent's ChildArgs, alive until the child
+    // has exec'd or exited (the parent sleeps meanwhile, or has a copy).
+    let a = unsafe { &*a };
+    child(a.spec, a.argv, a.envp, a.err_w)
+}
+
 fn null_terminated(v: &[CString]) -> Vec<*const libc::c_char> {
     v.iter()
         .map(|c| c.as_ptr())
@@ -275,6 +369,8 @@ fn child_fail(err_w: RawFd, stage: u32, errno: i32) -> ! {
 }
 
 /// The child side of [`spawn`]: system calls only, then exec or `_exit`.
+/// It may share the parent's memory (see [`clone_child`]): it writes
+/// nothing but its own stack and errno.
 fn child(
     spec: &SpawnSpec,
     argv: &[*const libc::c_char],
