@@ -67,6 +67,7 @@ struct Global {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 enum Command {
     /// Write a composefs EROFS metadata image from a directory or a dumpfile.
     Mkfs(mkfs::MkfsArgs),
@@ -340,4 +341,24 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
             .map(|m| format!("{}:{}:{}", m.uid, m.gid, m.count)),
     };
     output(g, &report, |_| String::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// clap's own consistency checks, over every subcommand: they are
+    /// deferred (built only when chosen), so a mistake in one that no
+    /// test runs would otherwise only show when a user runs it.
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        // Builds the whole tree, deferred parts included, and asserts.
+        Cli::command().debug_assert();
+        // Global flags reach a deferred subcommand, before and after it.
+        for argv in [["cairn", "-q", "ps", "-a"], ["cairn", "ps", "-a", "--json"]] {
+            let cli = Cli::try_parse_from(argv).expect("parses");
+            assert!(cli.global.quiet || cli.global.json, "{argv:?}");
+        }
+    }
 }

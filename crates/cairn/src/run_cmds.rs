@@ -20,6 +20,7 @@ use cairn_run::{
 use crate::{output, Global};
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum RunCommand {
     /// Run a command in a new container: IMAGE [COMMAND [ARG...]].
     Run(Box<RunArgs>),
@@ -61,6 +62,7 @@ pub enum RunCommand {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum ContainerCommand {
     /// Remove exited containers: record, log and kept upper.
     Rm {

@@ -19,6 +19,7 @@ use cairn_store::{image_name_for, ref_name_for, ImageSource, ResolvedImage, Stor
 use crate::{output, Global};
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum StoreCommand {
     /// List the images in the store: names, digest, created, size, bytes shared with other images and unique.
     Images,
