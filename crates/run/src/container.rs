@@ -325,14 +325,15 @@ impl Bundle {
         }
     }
 
-    /// Mounts `program` (a detached read-only bind of a file) on `.crun`
-    /// in the bundle and returns its path as crun's namespace sees it; on
-    /// failure (kernels before 6.15) gives `program` back.
+    /// Mounts `program` (a detached read-only bind of a file) on `crun` in
+    /// the bundle and returns its path as crun's namespace sees it; on
+    /// failure (kernels before 6.15) gives `program` back. The name is the
+    /// process name (`comm`) of what is exec'd from it.
     pub(crate) fn adopt_program(&self, program: OwnedFd) -> Result<PathBuf, OwnedFd> {
         let run = || -> rustix::io::Result<()> {
             rustix::fs::openat(
                 &self.fd,
-                ".crun",
+                "crun",
                 OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
                 Mode::empty(),
             )?;
@@ -340,12 +341,12 @@ impl Bundle {
                 &program,
                 "",
                 &self.fd,
-                ".crun",
+                "crun",
                 rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
             )
         };
         match run() {
-            Ok(()) => Ok(self.path.join(".crun")),
+            Ok(()) => Ok(self.path.join("crun")),
             Err(e) => {
                 tracing::debug!("crun stays a detached bind: {e}");
                 Err(program)
