@@ -6,9 +6,10 @@
 //!                   overlayfs   source=<image>, redirect_dir=on, metacopy=on
 //!      ┌─────────────────┼──────────────────────┬────────────────────────┐
 //!  lowerdir+          datadir+              upperdir/workdir       (none: ro)
-//!  EROFS image        objects/ clone         tmpfs (size=…) or
-//!  (fsmount fd,       (open_tree fd,         <dir>/upper, <dir>/work
-//!   file-backed)       data-only layer)
+//!  EROFS image        objects/               tmpfs (size=…) or
+//!  (fsmount fd,       (O_PATH fd, or an      <dir>/upper, <dir>/work
+//!   file-backed)       open_tree clone when
+//!                      idmapped; data-only)
 //!      └── idmapped ──────┘  when an IdMap is given (mount_setattr)
 //! ```
 //!
@@ -300,7 +301,10 @@ fn prepare_with(opts: &MountOptions<'_>, append: bool) -> Result<PreparedMount, 
     let upper = prepare_upper(opts, &erofs)?;
     let overlay = mount_overlay(opts, &image, &erofs, &objects, &upper, append)?;
     tracing::debug!(image = %image.display(), "prepared overlay stack");
-    let mut layers = vec![erofs, objects];
+    let mut layers = vec![erofs];
+    if let Objects::Clone(fd) = objects {
+        layers.push(fd);
+    }
     if let Upper::Tmpfs(fd) = upper {
         layers.push(fd);
     }
@@ -349,9 +353,37 @@ fn mount_erofs(image: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, 
     })
 }
 
-/// A detached clone of the objects directory.
-fn open_objects(objects: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, MountError> {
+/// The objects directory as the data-only layer.
+enum Objects {
+    /// An `O_PATH` fd of the directory itself: all overlayfs needs when
+    /// nothing is idmapped, and no mount to make and dissolve again.
+    Dir(OwnedFd),
+    /// A detached clone of it, idmapped.
+    Clone(OwnedFd),
+}
+
+impl AsFd for Objects {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Objects::Dir(fd) | Objects::Clone(fd) => fd.as_fd(),
+        }
+    }
+}
+
+/// The objects directory: a detached, idmapped clone with `userns`, else
+/// the directory.
+fn open_objects(objects: &Path, userns: Option<&UserNamespace>) -> Result<Objects, MountError> {
     let run = || {
+        let Some(ns) = userns else {
+            return openat(
+                CWD,
+                objects,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map(Objects::Dir)
+            .map_err(|errno| StepFailure::new("open", errno));
+        };
         let fd = clone_tree(objects)?;
         let st = fstat(&fd).map_err(|errno| StepFailure::new("fstat", errno))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
@@ -360,8 +392,8 @@ fn open_objects(objects: &Path, userns: Option<&UserNamespace>) -> Result<OwnedF
                 rustix::io::Errno::NOTDIR,
             ));
         }
-        idmap(&fd, userns)?;
-        Ok(fd)
+        idmap(&fd, Some(ns))?;
+        Ok(Objects::Clone(fd))
     };
     run().map_err(|f| MountError::step(Action::OpenObjects, objects, f))
 }
@@ -489,7 +521,7 @@ fn mount_overlay(
     opts: &MountOptions<'_>,
     image: &Path,
     erofs: &OwnedFd,
-    objects: &OwnedFd,
+    objects: &Objects,
     upper: &Upper,
     append: bool,
 ) -> Result<OwnedFd, MountError> {
