@@ -10,7 +10,8 @@
 //!   cgroup2 group `unified/<own>/cairn-<id>`, starts crun in it, and runs
 //!   crun in a new cgroup and mount namespace with cgroup2 mounted on
 //!   `/sys/fs/cgroup`: crun sees a pure cgroup2 host whose root is that
-//!   group and puts the container in `<id>/<id>` below it. Limits cannot go
+//!   group, and with its cgroup manager off (`crun::global_args`) the
+//!   container stays in that group. Limits cannot go
 //!   through crun there (the controllers are on v1, and its cgroup2 device
 //!   filter needs `CAP_SYS_RESOURCE`), so `--memory`, `--cpus` and
 //!   `--pids-limit` are written into v1 groups `<memory|cpu|pids mount>/

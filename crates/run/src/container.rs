@@ -783,7 +783,7 @@ pub(crate) fn crun_run_spawn(
 ) -> Result<SpawnSpec, RunError> {
     let dir = p.dir();
     let mut args = vec![OsString::from("crun")];
-    args.extend(crun::global_args(paths));
+    args.extend(crun::global_args(paths, p.state.cgroups.as_ref()));
     args.extend(["run".into(), "--bundle".into(), p.bundle.path().into()]);
     args.extend(["--pid-file".into(), paths.pid_file(&p.state.id).into()]);
     if let Some(c) = &p.console {

@@ -1,6 +1,7 @@
-//! Invoking crun for a container: every call gets `--root <root>/run/crun`,
-//! `--cgroup-manager cgroupfs`, and on a hybrid host the cgroup view of
-//! the container (see `cgroup`), entered by the pre-exec hook in `sys`.
+//! Invoking crun for a container: every call gets `--root <runroot>/crun`,
+//! `--cgroup-manager cgroupfs` (`disabled` on a hybrid host, see
+//! [`global_args`]), and on a hybrid host the cgroup view of the container
+//! (see `cgroup`), entered by the pre-exec hook in `sys`.
 //! `crun run` itself is started by `sys::spawn` (clone3 straight into the
 //! container's cgroup) from a read-only bind of crun ([`run_program`]).
 
@@ -65,13 +66,28 @@ pub fn run_program() -> Result<(Program, Option<&'static str>), RunError> {
     }
 }
 
-/// The arguments every crun call starts with.
-pub fn global_args(paths: &Paths) -> Vec<OsString> {
+/// The arguments every crun call for a container with cgroups `cg`
+/// starts with.
+///
+/// On a hybrid host crun runs in a cgroup2 view whose root is the
+/// container's own group (see [`cgroup`]): the container can live in that
+/// group itself, so crun's cgroup manager is off there. It would otherwise
+/// make (and remove) one more group below, enable controllers in the view's
+/// `subtree_control` (there are none to enable on a hybrid host's cgroup2)
+/// and start the container into it: a dozen cgroupfs operations on every
+/// start, each a walk through `/sys`. The container's processes are in the
+/// view group and cairn's v1 limit groups all the same, and killing its
+/// init ends them all (it is PID 1 of its own PID namespace).
+pub fn global_args(paths: &Paths, cg: Option<&Cgroups>) -> Vec<OsString> {
+    let manager = match cg {
+        Some(cg) if cg.layout == Layout::Hybrid => "disabled",
+        _ => "cgroupfs",
+    };
     vec![
         "--root".into(),
         paths.crun_root().into(),
         "--cgroup-manager".into(),
-        "cgroupfs".into(),
+        manager.into(),
     ]
 }
 
@@ -88,7 +104,7 @@ pub fn command(
     join_limits: bool,
 ) -> Result<(Command, NsSetup), RunError> {
     let mut cmd = Command::new(crun_binary());
-    cmd.args(global_args(paths));
+    cmd.args(global_args(paths, cg));
     let mut setup = NsSetup::default();
     if let Some(cg) = cg {
         if cg.layout == Layout::Hybrid {
