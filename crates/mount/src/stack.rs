@@ -125,44 +125,11 @@ pub struct PreparedMount {
 /// the kernel dissolve its tree, and each dissolution waits for an
 /// expedited RCU grace period (tens of microseconds, an interrupt on every
 /// CPU). A caller in a hurry takes them with [`PreparedMount::take_layers`]
-/// and mounts them into a tree of its own that goes anyway
-/// ([`DetachedLayers::move_into`]), or drops them later, off its critical
-/// path.
+/// and drops them later, off its critical path.
 #[derive(Debug, Default)]
 pub struct DetachedLayers {
-    fds: Vec<OwnedFd>,
-}
-
-impl DetachedLayers {
-    /// Mounts the layers on directories `0`, `1`, … that this makes in
-    /// `dir`, a directory of another detached mount tree, so that they go
-    /// with that tree: one dissolution and one grace period for all,
-    /// whenever the tree goes. Kernels before 6.15 refuse mounts on a
-    /// detached tree; then the error is returned and the layers not moved
-    /// stay here.
-    pub fn move_into(&mut self, dir: BorrowedFd<'_>) -> rustix::io::Result<()> {
-        while let Some(fd) = self.fds.last() {
-            let name = (self.fds.len() - 1).to_string();
-            match mkdirat(dir, name.as_str(), Mode::from_raw_mode(0o700)) {
-                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                Err(e) => return Err(e),
-            }
-            move_mount(
-                fd,
-                "",
-                dir,
-                name.as_str(),
-                MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-            )?;
-            self.fds.pop();
-        }
-        Ok(())
-    }
-
-    /// Whether every layer has been moved away (or there were none).
-    pub fn is_empty(&self) -> bool {
-        self.fds.is_empty()
-    }
+    /// Held only to be closed on drop.
+    _fds: Vec<OwnedFd>,
 }
 
 impl PreparedMount {
@@ -310,7 +277,7 @@ fn prepare_with(opts: &MountOptions<'_>, append: bool) -> Result<PreparedMount, 
     }
     Ok(PreparedMount {
         overlay,
-        layers: DetachedLayers { fds: layers },
+        layers: DetachedLayers { _fds: layers },
     })
 }
 

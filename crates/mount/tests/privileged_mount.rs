@@ -471,54 +471,6 @@ fn privileged_tmpfs_upper_takes_writes_and_leaves_the_store_untouched() {
     });
 }
 
-/// The layers of a prepared stack, mounted into another detached tree
-/// (as `cairn run` does with its bundle): the stack still works, nothing
-/// appears in the mount table, and dropping the tree and the overlay
-/// releases the image.
-#[test]
-fn privileged_layers_move_into_a_detached_tree_and_go_with_it() {
-    in_private_mount_ns(|| {
-        let fx = Fixture::new();
-        let before = mounts();
-        let watch = ImageWatch::new(&fx.image);
-        let mut prepared =
-            prepare_image(&fx.opts(UpperSpec::Tmpfs { size: None })).expect("prepare");
-        let mut layers = prepared.take_layers();
-        assert!(!layers.is_empty());
-        let tree = {
-            use rustix::mount::{
-                fsconfig_create, fsmount, fsopen, FsMountFlags, FsOpenFlags, MountAttrFlags,
-            };
-            let fs = fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC).unwrap();
-            fsconfig_create(&fs).unwrap();
-            fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty()).unwrap()
-        };
-        layers
-            .move_into(std::os::fd::AsFd::as_fd(&tree))
-            .expect("mount on a detached tree (Linux >= 6.15)");
-        assert!(layers.is_empty());
-        drop(layers);
-        // The EROFS layer (0) and the tmpfs upper (1) are in the tree (the
-        // objects directory is no mount unless idmapped).
-        let erofs_root = rustix::fs::openat(
-            &tree,
-            "0/hello.txt",
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .expect("the EROFS layer is mounted in the tree");
-        drop(erofs_root);
-        prepared.attach(&fx.target).expect("attach");
-        watch.reset();
-        assert_only_the_overlay(&fx, &before);
-        fs::write(fx.at("new.txt"), b"fresh").unwrap();
-        assert_eq!(fs::read(fx.at("hello.txt")).unwrap(), HELLO);
-        drop(tree);
-        watch.assert_still_held("tree dropped, overlay mounted");
-        unmount_and_check_clean(&fx, &before, &watch);
-    });
-}
-
 #[test]
 fn privileged_dir_upper_keeps_writes_on_the_host() {
     in_private_mount_ns(|| {

@@ -14,7 +14,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use cairn_mount::{DetachedLayers, IdMap, MountOptions, PreparedMount, UpperSpec, VerityMode};
+use cairn_mount::{IdMap, MountOptions, PreparedMount, UpperSpec, VerityMode};
 use cairn_store::{Store, StoreLock};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use serde::{Deserialize, Serialize};
@@ -26,7 +26,7 @@ use crate::monitor;
 use crate::spec::{self, build_spec, merge_env, Limits, Network, SpecInput, Volume, DEFAULT_PATH};
 use crate::state::{self, Locked, Paths, State, Status, UpperKind, UsernsRange};
 use crate::sys::{
-    fork_child_monitor, fork_monitor, Forked, NsSetup, Program, SpawnError, SpawnSpec, Spawned,
+    fork_child_monitor, fork_monitor, Forked, NsSetup, SpawnError, SpawnSpec, Spawned,
 };
 use crate::userns::{self, Pool};
 use crate::{crun, RunError};
@@ -113,9 +113,6 @@ pub(crate) struct Prepared {
     pub locked: Locked,
     pub state: State,
     pub mount: PreparedMount,
-    /// The overlay's layer mounts that could not go into the bundle's
-    /// tree (kernels before 6.15): the monitor closes them at its end.
-    pub layers: DetachedLayers,
     pub bundle: Bundle,
     pub store_lock: Option<StoreLock>,
     pub console: Option<ConsoleListener>,
@@ -301,57 +298,6 @@ impl Bundle {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// Mounts the overlay's detached layers in `.layers/` of the bundle,
-    /// so that they go with crun's namespace like the rest of the stack:
-    /// closing each on its own would dissolve it and wait for an RCU grace
-    /// period (see [`DetachedLayers`]). Only crun sees them there: the
-    /// container's root is `rootfs/`. On kernels that refuse mounts on a
-    /// detached tree (before 6.15) the rest stay in `layers`.
-    fn adopt_layers(&self, layers: &mut DetachedLayers) {
-        let moved = match rustix::fs::mkdirat(&self.fd, ".layers", Mode::from_raw_mode(0o700)) {
-            Ok(()) => rustix::fs::openat(
-                &self.fd,
-                ".layers",
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .and_then(|dir| layers.move_into(dir.as_fd())),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = moved {
-            tracing::debug!("layers stay detached (closed by the monitor): {e}");
-        }
-    }
-
-    /// Mounts `program` (a detached read-only bind of a file) on `crun` in
-    /// the bundle and returns its path as crun's namespace sees it; on
-    /// failure (kernels before 6.15) gives `program` back. The name is the
-    /// process name (`comm`) of what is exec'd from it.
-    pub(crate) fn adopt_program(&self, program: OwnedFd) -> Result<PathBuf, OwnedFd> {
-        let run = || -> rustix::io::Result<()> {
-            rustix::fs::openat(
-                &self.fd,
-                "crun",
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?;
-            rustix::mount::move_mount(
-                &program,
-                "",
-                &self.fd,
-                "crun",
-                rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-            )
-        };
-        match run() {
-            Ok(()) => Ok(self.path.join("crun")),
-            Err(e) => {
-                tracing::debug!("crun stays a detached bind: {e}");
-                Err(program)
-            }
-        }
     }
 }
 
@@ -561,7 +507,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
     let rootfs = bundle.path().join("rootfs");
     let image = store.image_path(&digest);
     let objects = store.objects_dir();
-    let mut mount = cairn_mount::prepare_image(&MountOptions {
+    let mount = cairn_mount::prepare_image(&MountOptions {
         image: &image,
         objects: &objects,
         target: &rootfs,
@@ -570,8 +516,6 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         verity: VerityMode::Off,
     })
     .map_err(|e| fail(&st, e.into()))?;
-    let mut layers = mount.take_layers();
-    bundle.adopt_layers(&mut layers);
 
     let root_fd = mount.as_fd();
     let user_spec = spec
@@ -687,7 +631,6 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         locked,
         state: st,
         mount,
-        layers,
         bundle,
         store_lock: Some(store_lock),
         console,
@@ -795,15 +738,7 @@ pub(crate) fn crun_run_spawn(
         .iter()
         .map(|a| CString::new(a.as_bytes()).map_err(|_| nul("a crun argument")))
         .collect::<Result<Vec<_>, _>>()?;
-    let (mut program, program_env) = crun::run_program()?;
-    // In the bundle, crun's bind goes with crun's namespace; closed on its
-    // own after the exec it would cost the monitor an RCU grace period.
-    if let Program::Fd(fd) = program {
-        program = match p.bundle.adopt_program(fd) {
-            Ok(path) => Program::Path(crun::cstring(&path)?),
-            Err(fd) => Program::Fd(fd),
-        };
-    }
+    let (program, program_env) = crun::run_program()?;
     let mut envp = std::env::vars_os()
         .map(|(k, v)| {
             let mut kv = k.into_vec();
@@ -902,13 +837,12 @@ pub fn run_foreground(paths: &Paths, spec: &RunSpec) -> Result<i32, RunError> {
             let Prepared {
                 locked,
                 mount,
-                layers,
                 bundle,
                 store_lock,
                 console,
                 state,
             } = prepared;
-            drop((mount, layers, bundle));
+            drop((mount, bundle));
             monitor::client_session(
                 client,
                 console,

@@ -104,15 +104,15 @@ fn monitor(
     pipes.start_stdin(stdin_live);
     let Prepared {
         locked,
-        mount,
-        layers,
+        mut mount,
         bundle,
         store_lock,
         console,
         ..
     } = p;
-    // Layers left detached (old kernels): closing them waits for RCU grace
+    // The overlay's detached layers: closing them waits for RCU grace
     // periods, which is done after the client has its exit code.
+    let layers = mount.take_layers();
     // crun's private namespace holds the bundle and rootfs now (or
     // spawning failed).
     drop((mount, bundle));
