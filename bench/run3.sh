@@ -222,6 +222,9 @@ hv_timeit() {
   rec "$metric" "$method" "$(secs "$us")"
 }
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+# settle: written-back data and a moment for deferred work (inode and
+# block freeing, discards, RCU callbacks) after a heavy method.
+settle() { sync; sleep 1; }
 seq_id=0
 fresh() { seq_id=$((seq_id + 1)); printf '%s/%s-%d-%d' "$run" "$1" "$BASHPID" "$seq_id"; }
 
@@ -410,6 +413,10 @@ if phase start; then
       if [ "$nspawn_ok" -eq 1 ]; then
         hv_timeit "$m" nspawn-ext4 nspawn_true "$run/plain-$img"
         [ "$btrfs_ok" -eq 0 ] || hv_timeit "$m" nspawn-btrfs nspawn_true "$run/btrfs/$img"
+        # nspawn's copy (11k files for Debian) and its removal leave the
+        # disk and the kernel busy for a while; the next sample starts on a
+        # quiet machine.
+        settle
       fi
       say "$m $i/$runs: $(tail -8 "$samples" | awk -F'\t' -v m="$m" '$1 == m { printf "%s %s  ", $2, $3 }')"
     done
