@@ -218,7 +218,7 @@ fn make_groups(cg: &Cgroups, limits: &Limits) -> io::Result<()> {
     let mut groups: Vec<&PathBuf> = cg.view.iter().collect();
     groups.extend(cg.v1.iter());
     for g in groups {
-        mkdir_retrying(g)?;
+        mkdir_group(g)?;
     }
     for g in &cg.v1 {
         let write = |file: &str, value: String| {
@@ -249,23 +249,12 @@ fn make_groups(cg: &Cgroups, limits: &Limits) -> io::Result<()> {
     Ok(())
 }
 
-/// mkdir -p, retried when a concurrent teardown removes a parent between
-/// our mkdirs (records made before the groups were flat).
-fn mkdir_retrying(path: &Path) -> io::Result<()> {
-    let mut last = None;
-    for _ in 0..20 {
-        match fs::create_dir_all(path) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => last = Some(e),
-            Err(e) => {
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("creating cgroup {}: {e}", path.display()),
-                ))
-            }
-        }
-    }
-    Err(last.unwrap_or_else(|| io::Error::other("mkdir kept failing")))
+/// Makes the group `path` (and, like `mkdir -p`, any missing parent).
+/// The parent is the caller's own group, so no other container's teardown
+/// can remove it meanwhile.
+fn mkdir_group(path: &Path) -> io::Result<()> {
+    fs::create_dir_all(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("creating cgroup {}: {e}", path.display())))
 }
 
 /// The `cgroup.procs` files a crun process for this container joins.

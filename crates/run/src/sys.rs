@@ -279,10 +279,11 @@ fn clone_child(args: &mut CloneArgs, child_args: &ChildArgs<'_>) -> isize {
         // beyond the pages the child's frames use.
         let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
         args.flags |= (libc::CLONE_VM | libc::CLONE_VFORK) as u64;
-        args.stack = stack.as_mut_ptr() as u64;
-        // The kernel starts the child at stack + stack_size; `call` then
-        // needs that 16-byte aligned.
-        args.stack_size = (CHILD_STACK as u64) & !15;
+        let base = stack.as_mut_ptr() as u64;
+        args.stack = base;
+        // The kernel starts the child at stack + stack_size, which `call`
+        // needs 16-byte aligned whatever alignment the allocator gave.
+        args.stack_size = ((base + CHILD_STACK as u64) & !15) - base;
         let ret: isize;
         // SAFETY: clone3(2) with CLONE_VM|CLONE_VFORK: the parent side
         // continues after `syscall` with rax = pid or -errno, every other
