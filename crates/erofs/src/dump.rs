@@ -140,6 +140,62 @@ pub fn parse_dump_bytes(data: &[u8], opts: &ParseOptions) -> Result<Tree, DumpEr
     parse_dump(data, opts)
 }
 
+/// What one dumpfile line says when it is read on its own ([`parse_line`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Line {
+    /// A full line: the inode at its PATH.
+    Inode(Inode),
+    /// A hardlink line (`@` before MODE): PATH is another name of the
+    /// inode at this path (its PAYLOAD, unescaped, as written).
+    Hardlink(Vec<u8>),
+}
+
+/// Reads one line (without its newline) on its own, as strictly as
+/// [`parse_dump`] reads its fields, but without placing it in a tree: PATH is
+/// unescaped and returned as written (no parent or root-first rule, no
+/// duplicate check). For formats that reuse the line syntax for something
+/// that is not a tree, such as cairn's layer records (the entries of a tar
+/// stream, in order).
+pub fn parse_line(line: &[u8]) -> Result<(Vec<u8>, Line), String> {
+    if let Some(pos) = line.iter().position(|&b| b == 0) {
+        return Err(format!("NUL byte at offset {pos}"));
+    }
+    let f = Fields::split(line);
+    let path = unescape(f.path, "PATH")?;
+    if path.is_empty() {
+        return Err("empty PATH".into());
+    }
+    if path.contains(&0) {
+        return Err(format!("PATH {} contains a NUL byte", show(&path)));
+    }
+    let (hardlink, mode_field) = match f.mode.split_first() {
+        Some((b'@', rest)) => (true, rest),
+        _ => (false, f.mode),
+    };
+    let mode = parse_u32(mode_field, 8, "MODE")?;
+    let ftype = FileType::from_mode(mode)
+        .ok_or_else(|| format!("invalid MODE {mode:o}: no known file type"))?;
+    if hardlink {
+        if ftype == FileType::Directory {
+            return Err(format!("{}: directories cannot be hardlinked", show(&path)));
+        }
+        let target = unescape_optional(f.payload, "PAYLOAD")?
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| format!("{}: hardlink without a target", show(&path)))?;
+        check_payload(&target, "hardlink target")?;
+        return Ok((path, Line::Hardlink(target)));
+    }
+    Ok((path, Line::Inode(parse_inode(&f, mode, ftype, true)?)))
+}
+
+/// Writes `inode` at `path` as one line, newline included, in the layout
+/// [`print_dump`] uses; with `hardlink`, a hardlink line naming that path
+/// (only the type bits of `inode.mode` matter then). [`parse_line`] reads
+/// it back.
+pub fn format_entry_line(out: &mut Vec<u8>, path: &[u8], inode: &Inode, hardlink: Option<&[u8]>) {
+    format_line(out, path, inode, hardlink);
+}
+
 /// The fuzzing oracle: parses `data` strictly and leniently and, whenever
 /// that succeeds, checks that printing the tree and parsing it back strictly
 /// gives the same tree.
@@ -321,7 +377,7 @@ impl Parser {
             return self.add_hardlink(parent, name, mode, target);
         }
 
-        let inode = self.parse_inode(&f, mode, ftype)?;
+        let inode = parse_inode(&f, mode, ftype, self.strict)?;
         match place {
             Place::Root => {
                 self.tree = Some(Tree {
@@ -446,122 +502,6 @@ impl Parser {
         Ok(())
     }
 
-    /// Builds the inode of a full (non-hardlink) line, in the order the
-    /// reference checks its fields.
-    fn parse_inode(&self, f: &Fields<'_>, mode: u32, ftype: FileType) -> Result<Inode, String> {
-        let size = parse_uint(f.size, 10, "SIZE")?;
-        let nlink = parse_u32(f.nlink, 10, "NLINK")?;
-        let uid = parse_u32(f.uid, 10, "UID")?;
-        let gid = parse_u32(f.gid, 10, "GID")?;
-        let rdev = parse_uint(f.rdev, 10, "RDEV")?;
-        let mtime = parse_mtime(f.mtime)?;
-        let payload = unescape_optional(f.payload, "PAYLOAD")?;
-        let content = unescape_optional(f.content, "CONTENT")?;
-        if let Some(c) = &content {
-            if c.len() as u64 != size {
-                return Err(format!("CONTENT has {} bytes but SIZE is {size}", c.len()));
-            }
-        }
-        let digest = unescape_optional(f.digest, "DIGEST")?;
-
-        let is_device = matches!(ftype, FileType::CharDevice | FileType::BlockDevice);
-        if !is_device && rdev != 0 && self.strict {
-            return Err(format!("RDEV {rdev} on a file that is not a device"));
-        }
-
-        let mut inode = Inode {
-            mode,
-            uid,
-            gid,
-            nlink,
-            rdev: if is_device { rdev } else { 0 },
-            size,
-            mtime,
-            xattrs: BTreeMap::new(),
-            data: InodeData::Special,
-        };
-
-        if ftype == FileType::Symlink {
-            let target = payload.ok_or("symlink without a target (PAYLOAD is -)")?;
-            check_payload(&target, "symlink target")?;
-            if target.is_empty() {
-                return Err("symlink with an empty target".into());
-            }
-            if self.strict {
-                if size != target.len() as u64 {
-                    return Err(format!(
-                        "symlink SIZE {size} is not the length of its target ({})",
-                        target.len()
-                    ));
-                }
-                if content.as_ref().is_some_and(|c| !c.is_empty()) {
-                    return Err("a symlink cannot have CONTENT".into());
-                }
-            }
-            inode.size = target.len() as u64;
-            inode.data = InodeData::Symlink(target);
-        } else {
-            if let Some(p) = &payload {
-                check_payload(p, "PAYLOAD")?;
-            }
-            if let Some(c) = &content {
-                if c.len() > MAX_INLINE_CONTENT {
-                    return Err(format!(
-                        "inline CONTENT of {} bytes is larger than {MAX_INLINE_CONTENT}",
-                        c.len()
-                    ));
-                }
-            }
-            // Empty content is no content, as in the reference.
-            let content = content.filter(|c| !c.is_empty());
-            inode.data = match ftype {
-                FileType::Directory => InodeData::Directory(BTreeMap::new()),
-                FileType::Regular => {
-                    if content.is_none() && size > MAX_EXTERNAL_FILE_SIZE {
-                        return Err(format!(
-                            "file of {size} bytes is larger than the {MAX_EXTERNAL_FILE_SIZE} \
-                             bytes an image can describe"
-                        ));
-                    }
-                    InodeData::Regular(RegularFile {
-                        content,
-                        payload,
-                        digest: None,
-                    })
-                }
-                // PAYLOAD, CONTENT and DIGEST mean nothing for these; the
-                // reference accepts and ignores them, and so do we.
-                _ => InodeData::Special,
-            };
-        }
-
-        // The reference ignores a DIGEST it cannot decode and then uses
-        // whatever was in its buffer; here an empty DIGEST is none and a
-        // malformed one on a regular file is an error. Other file types have
-        // no use for a digest, so theirs is not looked at.
-        if let InodeData::Regular(r) = &mut inode.data {
-            if let Some(d) = digest.filter(|d| !d.is_empty()) {
-                r.digest = Some(parse_digest(&d)?);
-            }
-        }
-
-        if f.xattrs.len() > MAX_XATTR_FIELD_LEN {
-            return Err(format!(
-                "too many xattrs: {} bytes of xattrs, at most {MAX_XATTR_FIELD_LEN}",
-                f.xattrs.len()
-            ));
-        }
-        let mut budget = XattrBudget::default();
-        let mut rest = f.xattrs;
-        while !rest.is_empty() {
-            let mut it = rest.splitn(2, |&b| b == b' ');
-            let field = it.next().unwrap_or_default();
-            rest = it.next().unwrap_or_default();
-            parse_xattr(field, &mut inode.xattrs, &mut budget)?;
-        }
-        Ok(inode)
-    }
-
     /// Resolves hardlinks, drops their placeholders and hands out the tree
     /// in canonical order.
     fn finish(self) -> Result<Tree, DumpError> {
@@ -591,6 +531,122 @@ impl Parser {
 
         canonical_order(tree).map_err(|e| invalid(line, format!("internal error: {e}")))
     }
+}
+
+/// Builds the inode of a full (non-hardlink) line, in the order the
+/// reference checks its fields.
+fn parse_inode(f: &Fields<'_>, mode: u32, ftype: FileType, strict: bool) -> Result<Inode, String> {
+    let size = parse_uint(f.size, 10, "SIZE")?;
+    let nlink = parse_u32(f.nlink, 10, "NLINK")?;
+    let uid = parse_u32(f.uid, 10, "UID")?;
+    let gid = parse_u32(f.gid, 10, "GID")?;
+    let rdev = parse_uint(f.rdev, 10, "RDEV")?;
+    let mtime = parse_mtime(f.mtime)?;
+    let payload = unescape_optional(f.payload, "PAYLOAD")?;
+    let content = unescape_optional(f.content, "CONTENT")?;
+    if let Some(c) = &content {
+        if c.len() as u64 != size {
+            return Err(format!("CONTENT has {} bytes but SIZE is {size}", c.len()));
+        }
+    }
+    let digest = unescape_optional(f.digest, "DIGEST")?;
+
+    let is_device = matches!(ftype, FileType::CharDevice | FileType::BlockDevice);
+    if !is_device && rdev != 0 && strict {
+        return Err(format!("RDEV {rdev} on a file that is not a device"));
+    }
+
+    let mut inode = Inode {
+        mode,
+        uid,
+        gid,
+        nlink,
+        rdev: if is_device { rdev } else { 0 },
+        size,
+        mtime,
+        xattrs: BTreeMap::new(),
+        data: InodeData::Special,
+    };
+
+    if ftype == FileType::Symlink {
+        let target = payload.ok_or("symlink without a target (PAYLOAD is -)")?;
+        check_payload(&target, "symlink target")?;
+        if target.is_empty() {
+            return Err("symlink with an empty target".into());
+        }
+        if strict {
+            if size != target.len() as u64 {
+                return Err(format!(
+                    "symlink SIZE {size} is not the length of its target ({})",
+                    target.len()
+                ));
+            }
+            if content.as_ref().is_some_and(|c| !c.is_empty()) {
+                return Err("a symlink cannot have CONTENT".into());
+            }
+        }
+        inode.size = target.len() as u64;
+        inode.data = InodeData::Symlink(target);
+    } else {
+        if let Some(p) = &payload {
+            check_payload(p, "PAYLOAD")?;
+        }
+        if let Some(c) = &content {
+            if c.len() > MAX_INLINE_CONTENT {
+                return Err(format!(
+                    "inline CONTENT of {} bytes is larger than {MAX_INLINE_CONTENT}",
+                    c.len()
+                ));
+            }
+        }
+        // Empty content is no content, as in the reference.
+        let content = content.filter(|c| !c.is_empty());
+        inode.data = match ftype {
+            FileType::Directory => InodeData::Directory(BTreeMap::new()),
+            FileType::Regular => {
+                if content.is_none() && size > MAX_EXTERNAL_FILE_SIZE {
+                    return Err(format!(
+                        "file of {size} bytes is larger than the {MAX_EXTERNAL_FILE_SIZE} \
+                         bytes an image can describe"
+                    ));
+                }
+                InodeData::Regular(RegularFile {
+                    content,
+                    payload,
+                    digest: None,
+                })
+            }
+            // PAYLOAD, CONTENT and DIGEST mean nothing for these; the
+            // reference accepts and ignores them, and so do we.
+            _ => InodeData::Special,
+        };
+    }
+
+    // The reference ignores a DIGEST it cannot decode and then uses
+    // whatever was in its buffer; here an empty DIGEST is none and a
+    // malformed one on a regular file is an error. Other file types have
+    // no use for a digest, so theirs is not looked at.
+    if let InodeData::Regular(r) = &mut inode.data {
+        if let Some(d) = digest.filter(|d| !d.is_empty()) {
+            r.digest = Some(parse_digest(&d)?);
+        }
+    }
+
+    if f.xattrs.len() > MAX_XATTR_FIELD_LEN {
+        return Err(format!(
+            "too many xattrs: {} bytes of xattrs, at most {MAX_XATTR_FIELD_LEN}",
+            f.xattrs.len()
+        ));
+    }
+    let mut budget = XattrBudget::default();
+    let mut rest = f.xattrs;
+    while !rest.is_empty() {
+        let mut it = rest.splitn(2, |&b| b == b' ');
+        let field = it.next().unwrap_or_default();
+        rest = it.next().unwrap_or_default();
+        parse_xattr(field, &mut inode.xattrs, &mut budget)?;
+    }
+    Ok(inode)
 }
 
 /// Renumbers the inodes in the order [`print_dump`] prints them (the root,

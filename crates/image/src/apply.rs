@@ -1,59 +1,62 @@
-//! Layer application: the trees of a layer stack, bottom first, merged
-//! into the tree of the image, as the OCI image spec (`layer.md`,
-//! "Applying Changesets") defines it.
+//! Layer application: the layers of an image, bottom first, replayed onto
+//! one tree, entry by entry in the order of each layer's tar stream, as
+//! umoci unpacks them (and docker and containerd, for everything but
+//! umoci's own quirks, which are noted where they matter).
 //!
-//! Each layer is applied in three passes, so the result does not depend on
-//! the order of entries within a layer:
+//! For each entry of a layer record (`layer` writes them; see
+//! `cairn_store::record`):
 //!
-//! 1. **Deletions.** Opaque markers empty their directory and whiteouts
-//!    remove their name, both only in what the layers below left.
-//! 2. **Hardlinks to lower layers** are resolved against what is left
-//!    (literally: a link never follows a symlink); a missing target or a
-//!    directory is an error naming the layer and the path.
-//! 3. **Additions.** Entries replace what is there; two directories merge
-//!    (an implicit directory of the layer leaves the existing metadata
-//!    alone; an explicit one replaces it); other entries take the path,
-//!    dropping whatever was there (a directory with all it held).
+//! 1. **Its parent directories are resolved** through the tree as it is
+//!    now (the layers below and this layer's earlier entries): a component
+//!    that is a symlink is followed, relative to its directory or, for an
+//!    absolute target, to the image root; `..` stops at the root; chains are
+//!    followed; more than 255 symlinks on one path is a loop, an error that
+//!    names the path. So `lib/x86_64-linux-gnu/libfoo.so` on a merged-/usr
+//!    image lands in `/usr/lib/x86_64-linux-gnu/` and `lib` stays a symlink.
+//!    Components that do not exist are directories to create, 0755
+//!    root:root, once the path is resolved (a dangling symlink's target
+//!    too); a component that is not a directory is an error.
+//! 2. **A whiteout** (`.wh.NAME`) removes NAME from the resolved directory,
+//!    an opaque marker (`.wh..wh..opq`) everything in it, but never what
+//!    this layer has put there (or below there) itself; a whiteout of
+//!    something absent, or below something absent, changes nothing.
+//! 3. **Anything else** replaces what is at its name (a directory with all
+//!    it holds), except that a directory entry over a directory keeps the
+//!    contents and takes the entry's metadata (mode, owner, xattrs). The
+//!    entry's own name is never followed: a symlink there is replaced.
+//! 4. **A hardlink** links the inode its target path names (parents
+//!    resolved as above, the last component not followed: a link to a
+//!    symlink links the symlink). A target that does not exist or is a
+//!    directory is an error naming the layer, the entry and the target.
+//!
+//! Nothing here can climb out of the image: paths are cleaned at import and
+//! resolution is clamped to the root. The work is bounded: each layer may
+//! take at most [`RESOLVE_BUDGET_BASE`] plus [`RESOLVE_BUDGET_PER_ENTRY`] per
+//! entry steps of symlink resolution.
 //!
 //! Then the result is compacted and its hardlinks made consistent: the
 //! first name in walk order is an inode's primary entry, `nlink` counts its
-//! names.
-//!
-//! This module works on trees only; it never reads or writes the store.
+//! names. This module works on trees only; it never writes the store.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, Read};
 
-use cairn_erofs::tree::{InodeData, InodeId, Tree, ROOT, S_IFDIR};
-use cairn_erofs::{DirEntry, Inode};
+use cairn_erofs::dump::{parse_line, Line};
+use cairn_erofs::tree::{InodeData, InodeId, Tree, MAX_DEPTH, ROOT, S_IFDIR};
+use cairn_erofs::{DirEntry, Inode, Mtime};
 
 use crate::layer::{lossy, OPAQUE, WHITEOUT_PREFIX};
 use crate::LayerError;
 
-/// Marks an implicit directory in a layer record.
-pub(crate) const XATTR_IMPLICIT: &[u8] = b"trusted.cairn.layer.implicit";
-/// Marks a hardlink to a lower layer; the value is the target path.
-pub(crate) const XATTR_HARDLINK: &[u8] = b"trusted.cairn.layer.hardlink";
-/// Real xattrs with this prefix are escaped in layer records…
-pub(crate) const XATTR_RESERVED_PREFIX: &[u8] = b"trusted.cairn.";
-/// …to this one.
-pub(crate) const XATTR_ESCAPED_PREFIX: &[u8] = b"trusted.cairn.x.";
-/// The prefix of record markers.
-const XATTR_MARKER_PREFIX: &[u8] = b"trusted.cairn.layer.";
-
-/// The real xattrs of a record inode: markers dropped, escapes undone.
-fn real_xattrs(x: &BTreeMap<Vec<u8>, Vec<u8>>) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    x.iter()
-        .filter(|(k, _)| !k.starts_with(XATTR_MARKER_PREFIX))
-        .map(|(k, v)| match k.strip_prefix(XATTR_ESCAPED_PREFIX) {
-            Some(rest) => ([XATTR_RESERVED_PREFIX, rest].concat(), v.clone()),
-            None => (k.clone(), v.clone()),
-        })
-        .collect()
-}
-
-fn is_implicit(inode: &Inode) -> bool {
-    inode.is_dir() && inode.xattrs.contains_key(XATTR_IMPLICIT)
-}
+/// Most symlinks followed while resolving one path (as Linux's and umoci's
+/// path resolution allow).
+const MAX_SYMLINKS: usize = 255;
+/// Resolution steps (components looked at) any layer may take…
+pub(crate) const RESOLVE_BUDGET_BASE: u64 = 1 << 24;
+/// …plus this many per entry.
+pub(crate) const RESOLVE_BUDGET_PER_ENTRY: u64 = 1 << 10;
+/// Longest line of a layer record (the dump line limit).
+const MAX_RECORD_LINE: usize = cairn_erofs::dump::MAX_LINE_LEN;
 
 /// The empty tree layers are applied onto: a root directory 0755
 /// root:root.
@@ -61,165 +64,390 @@ pub(crate) fn empty_image() -> Tree {
     Tree::new(Inode::new(S_IFDIR | 0o755).expect("directory mode is valid")).expect("a root")
 }
 
-/// Applies one layer's record tree onto `image`.
-pub(crate) fn apply_layer(image: &mut Tree, layer: &Tree, name: &str) -> Result<(), LayerError> {
-    delete_pass(image, Some(ROOT), layer, ROOT, 0);
-    let mut map: HashMap<InodeId, InodeId> = HashMap::new();
-    resolve_links(image, layer, name, &mut map)?;
-    merge_dir(image, ROOT, layer, ROOT, &mut map, 0);
-    Ok(())
+/// Where a path's components lead in the tree.
+struct Resolved {
+    /// The existing directories (and, last, possibly a non-directory)
+    /// passed through, the root first.
+    nodes: Vec<InodeId>,
+    /// The path of the last of `nodes`, from the root, without a leading
+    /// `/` (empty for the root).
+    path: Vec<u8>,
+    /// Offsets in `path` where each of `nodes` after the root starts its
+    /// `/name` (so `..` can drop it).
+    cuts: Vec<usize>,
+    /// Components below the last of `nodes` that do not exist.
+    missing: Vec<Vec<u8>>,
 }
 
-fn delete_pass(image: &mut Tree, dir: Option<InodeId>, layer: &Tree, ldir: InodeId, depth: usize) {
-    let Some(lentries) = layer.inode(ldir).entries() else {
-        return;
-    };
-    if let Some(dir) = dir {
-        if let InodeData::Directory(entries) = &mut image.inode_mut(dir).data {
-            if lentries.contains_key(OPAQUE) {
-                entries.clear();
+impl Resolved {
+    fn last(&self) -> InodeId {
+        *self.nodes.last().expect("the root is always there")
+    }
+
+    /// The resolved path with `name` appended (`a/b/name`, no leading `/`).
+    fn child_path(&self, name: &[u8]) -> Vec<u8> {
+        let mut p = self.path.clone();
+        for m in &self.missing {
+            if !p.is_empty() {
+                p.push(b'/');
             }
-            for name in lentries.keys() {
-                if let Some(target) = name.strip_prefix(WHITEOUT_PREFIX) {
-                    entries.remove(target);
+            p.extend_from_slice(m);
+        }
+        if !p.is_empty() {
+            p.push(b'/');
+        }
+        p.extend_from_slice(name);
+        p
+    }
+}
+
+/// Why an entry could not be applied.
+enum Fail {
+    /// The entry is wrong for the tree it lands on.
+    Entry(String),
+    /// The layer's record itself is unreadable.
+    Record(String),
+}
+
+/// Replays one layer's record onto `image`; `layer` names it in errors.
+pub(crate) fn apply_layer(
+    image: &mut Tree,
+    record: impl BufRead,
+    layer: &str,
+) -> Result<(), LayerError> {
+    let mut a = Applier {
+        tree: image,
+        upper: HashSet::new(),
+        budget: RESOLVE_BUDGET_BASE,
+    };
+    let mut line = Vec::new();
+    let mut record = record;
+    let mut n = 0u64;
+    loop {
+        line.clear();
+        let read = (&mut record)
+            .take(MAX_RECORD_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| record_err(layer, n + 1, &format!("reading: {e}")))?;
+        if read == 0 {
+            return Ok(());
+        }
+        n += 1;
+        let Some(text) = line.strip_suffix(b"\n") else {
+            return Err(record_err(layer, n, "line too long or cut short"));
+        };
+        let (path, what) = parse_line(text).map_err(|r| record_err(layer, n, &r))?;
+        a.budget = a.budget.saturating_add(RESOLVE_BUDGET_PER_ENTRY);
+        a.apply(&path, what).map_err(|f| match f {
+            Fail::Entry(reason) => LayerError::Apply {
+                layer: layer.to_owned(),
+                path: lossy(&path),
+                reason: format!("{reason} (entry {n} of the layer)"),
+            },
+            Fail::Record(reason) => record_err(layer, n, &reason),
+        })?;
+    }
+}
+
+fn record_err(layer: &str, line: u64, reason: &str) -> LayerError {
+    LayerError::Apply {
+        layer: layer.to_owned(),
+        path: format!("layer record line {line}"),
+        reason: format!("corrupt layer record: {reason}"),
+    }
+}
+
+struct Applier<'t> {
+    tree: &'t mut Tree,
+    /// Resolved paths (no leading `/`) this layer has put something at, or
+    /// below: whiteouts and opaque markers leave them alone.
+    upper: HashSet<Vec<u8>>,
+    /// Resolution steps left for this layer.
+    budget: u64,
+}
+
+impl Applier<'_> {
+    fn apply(&mut self, path: &[u8], what: Line) -> Result<(), Fail> {
+        let Some(rel) = path.strip_prefix(b"/") else {
+            return Err(Fail::Record(format!(
+                "path {} is not absolute",
+                lossy(path)
+            )));
+        };
+        if rel.is_empty() {
+            // The root itself.
+            let Line::Inode(inode) = what else {
+                return Err(Fail::Record("the root cannot be a hardlink".into()));
+            };
+            if !inode.is_dir() {
+                return Err(Fail::Record("the root entry is not a directory".into()));
+            }
+            copy_attrs(self.tree.inode_mut(ROOT), &inode);
+            return Ok(());
+        }
+        let comps: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
+        let (name, parents) = comps.split_last().expect("split yields one item at least");
+        if name.is_empty() || comps.iter().any(|c| matches!(*c, b"" | b"." | b"..")) {
+            return Err(Fail::Record(format!("path {} is not clean", lossy(path))));
+        }
+        let dir = self.resolve(parents, path)?;
+
+        if let Some(target) = name.strip_prefix(WHITEOUT_PREFIX) {
+            let opaque = *name == OPAQUE;
+            self.whiteout(&dir, if opaque { None } else { Some(target) });
+            return Ok(());
+        }
+
+        let dir_path = dir.child_path(b"");
+        let dir_id = self.make_dirs(dir, path)?;
+        let existing = self.entries(dir_id).get(*name).map(|e| e.inode);
+        let resolved = [&dir_path[..], name].concat();
+        match what {
+            Line::Inode(inode) => match existing {
+                Some(old) if inode.is_dir() && self.tree.inode(old).is_dir() => {
+                    copy_attrs(self.tree.inode_mut(old), &inode);
+                }
+                _ => {
+                    let mut inode = inode;
+                    if let InodeData::Directory(entries) = &mut inode.data {
+                        entries.clear();
+                    }
+                    inode.nlink = 1;
+                    let id = self.tree.push(inode);
+                    link(self.tree, dir_id, name, id);
+                }
+            },
+            Line::Hardlink(target) => {
+                // The old name goes first (as unpackers unlink before they
+                // link), so a link to itself finds nothing.
+                if existing.is_some() {
+                    if let InodeData::Directory(entries) = &mut self.tree.inode_mut(dir_id).data {
+                        entries.remove(*name);
+                    }
+                }
+                let id = self.hardlink_target(&target)?;
+                link(self.tree, dir_id, name, id);
+            }
+        }
+        self.mark_upper(&resolved);
+        Ok(())
+    }
+
+    fn entries(&self, dir: InodeId) -> &std::collections::BTreeMap<Vec<u8>, DirEntry> {
+        self.tree
+            .inode(dir)
+            .entries()
+            .expect("resolved parents are directories")
+    }
+
+    /// Follows `comps` from the root through the tree; see the module docs.
+    /// `whole` is the entry's path, for errors.
+    fn resolve(&mut self, comps: &[&[u8]], whole: &[u8]) -> Result<Resolved, Fail> {
+        let tree: &Tree = self.tree;
+        let mut r = Resolved {
+            nodes: vec![ROOT],
+            path: Vec::new(),
+            cuts: Vec::new(),
+            missing: Vec::new(),
+        };
+        // Components still to look at, the next one last.
+        let mut todo: Vec<&[u8]> = comps.iter().rev().copied().collect();
+        let mut followed = 0usize;
+        while let Some(c) = todo.pop() {
+            if self.budget == 0 {
+                return Err(Fail::Entry(format!(
+                    "resolving {} exceeds the layer's budget of symlink resolution \
+                     ({RESOLVE_BUDGET_BASE} steps and {RESOLVE_BUDGET_PER_ENTRY} per entry)",
+                    lossy(whole)
+                )));
+            }
+            self.budget -= 1;
+            match c {
+                b"" | b"." => continue,
+                b".." => {
+                    if r.missing.pop().is_none() && r.nodes.len() > 1 {
+                        r.nodes.pop();
+                        let cut = r.cuts.pop().expect("a cut per node past the root");
+                        r.path.truncate(cut);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if !r.missing.is_empty() {
+                r.missing.push(c.to_vec());
+                continue;
+            }
+            let found = tree.inode(r.last()).entries().and_then(|es| es.get(c));
+            let Some(e) = found else {
+                r.missing.push(c.to_vec());
+                continue;
+            };
+            if let InodeData::Symlink(target) = &tree.inode(e.inode).data {
+                followed += 1;
+                if followed > MAX_SYMLINKS {
+                    return Err(Fail::Entry(format!(
+                        "too many levels of symbolic links (more than {MAX_SYMLINKS}) in {}",
+                        lossy(whole)
+                    )));
+                }
+                if target.starts_with(b"/") {
+                    r.nodes.truncate(1);
+                    r.cuts.clear();
+                    r.path.clear();
+                }
+                todo.extend(target.split(|&b| b == b'/').rev());
+                continue;
+            }
+            r.cuts.push(r.path.len());
+            if !r.path.is_empty() {
+                r.path.push(b'/');
+            }
+            r.path.extend_from_slice(c);
+            r.nodes.push(e.inode);
+            if r.nodes.len() + r.missing.len() > MAX_DEPTH {
+                return Err(Fail::Entry(format!(
+                    "{} resolves to a path nested deeper than {MAX_DEPTH} directories",
+                    lossy(whole)
+                )));
+            }
+        }
+        if r.nodes.len() + r.missing.len() > MAX_DEPTH {
+            return Err(Fail::Entry(format!(
+                "{} resolves to a path nested deeper than {MAX_DEPTH} directories",
+                lossy(whole)
+            )));
+        }
+        Ok(r)
+    }
+
+    /// Creates the missing directories of `r`; the directory the entry
+    /// goes in.
+    fn make_dirs(&mut self, r: Resolved, whole: &[u8]) -> Result<InodeId, Fail> {
+        let mut dir = r.last();
+        if !self.tree.inode(dir).is_dir() {
+            return Err(Fail::Entry(format!(
+                "parent /{} of {} is not a directory",
+                lossy(&r.path),
+                lossy(whole)
+            )));
+        }
+        for name in r.missing {
+            let mut d = Inode::new(S_IFDIR | 0o755).expect("directory mode is valid");
+            d.mtime = Mtime::default();
+            let id = self.tree.push(d);
+            link(self.tree, dir, &name, id);
+            dir = id;
+        }
+        Ok(dir)
+    }
+
+    /// Removes `name` (or, for `None`, everything) from the resolved
+    /// directory, sparing what this layer put there.
+    fn whiteout(&mut self, dir: &Resolved, name: Option<&[u8]>) {
+        if !dir.missing.is_empty() || !self.tree.inode(dir.last()).is_dir() {
+            return;
+        }
+        let dir_id = dir.last();
+        let names: Vec<Vec<u8>> = match name {
+            Some(n) => {
+                if !self.entries(dir_id).contains_key(n) {
+                    return;
+                }
+                vec![n.to_vec()]
+            }
+            None => self.entries(dir_id).keys().cloned().collect(),
+        };
+        let base = dir.child_path(b"");
+        // Depth-first with an explicit stack: (directory, name, its path).
+        let mut stack: Vec<(InodeId, Vec<u8>, Vec<u8>)> = names
+            .into_iter()
+            .map(|n| {
+                let p = [&base[..], &n].concat();
+                (dir_id, n, p)
+            })
+            .collect();
+        while let Some((d, n, p)) = stack.pop() {
+            if !self.upper.contains(&p) {
+                if let InodeData::Directory(entries) = &mut self.tree.inode_mut(d).data {
+                    entries.remove(&n);
+                }
+                continue;
+            }
+            let Some(child) = self.entries(d).get(&n).map(|e| e.inode) else {
+                continue;
+            };
+            if let Some(es) = self.tree.inode(child).entries() {
+                for k in es.keys() {
+                    let cp = [&p[..], b"/", k].concat();
+                    stack.push((child, k.clone(), cp));
                 }
             }
         }
     }
-    if depth >= cairn_erofs::tree::MAX_DEPTH {
-        return;
-    }
-    for (name, e) in lentries {
-        if name.starts_with(WHITEOUT_PREFIX) || !layer.inode(e.inode).is_dir() {
-            continue;
-        }
-        let below = dir.and_then(|d| {
-            image
-                .inode(d)
-                .entries()
-                .and_then(|es| es.get(name))
-                .map(|c| c.inode)
-                .filter(|&c| image.inode(c).is_dir())
-        });
-        delete_pass(image, below, layer, e.inode, depth + 1);
-    }
-}
 
-/// Finds each hardlink placeholder's target in the image as it is after
-/// the deletions.
-fn resolve_links(
-    image: &Tree,
-    layer: &Tree,
-    name: &str,
-    map: &mut HashMap<InodeId, InodeId>,
-) -> Result<(), LayerError> {
-    for (id, inode) in layer.inodes.iter().enumerate() {
-        let Some(target) = inode.xattrs.get(XATTR_HARDLINK) else {
-            continue;
-        };
-        if inode.is_dir() {
-            continue;
-        }
-        let err = |reason: String| LayerError::Apply {
-            layer: name.to_owned(),
-            path: lossy(target),
-            reason,
-        };
-        let mut cur = ROOT;
-        let comps: Vec<&[u8]> = target
+    /// The inode a hardlink's target path names.
+    fn hardlink_target(&mut self, target: &[u8]) -> Result<InodeId, Fail> {
+        let rel = target.strip_prefix(b"/").unwrap_or(target);
+        let comps: Vec<&[u8]> = rel
             .split(|&b| b == b'/')
             .filter(|c| !c.is_empty())
             .collect();
-        for (i, comp) in comps.iter().enumerate() {
-            let Some(e) = image.inode(cur).entries().and_then(|es| es.get(*comp)) else {
-                return Err(err(
-                    "hardlink target does not exist in this layer or the layers below".into(),
-                ));
-            };
-            let node = image.inode(e.inode);
-            if i + 1 < comps.len() && !node.is_dir() {
-                return Err(err(format!(
-                    "hardlink target's parent {} is not a directory",
-                    lossy(&comps[..=i].join(&b'/'))
-                )));
-            }
-            cur = e.inode;
+        let Some((name, parents)) = comps.split_last() else {
+            return Err(Fail::Entry("hardlink to the root directory".into()));
+        };
+        let dir = self.resolve(parents, target)?;
+        let missing = || {
+            Fail::Entry(format!(
+                "hardlink target {} does not exist in this layer or the layers below",
+                lossy(target)
+            ))
+        };
+        if !dir.missing.is_empty() {
+            return Err(missing());
         }
-        if image.inode(cur).is_dir() {
-            return Err(err("hardlink target is a directory".into()));
-        }
-        map.insert(id, cur);
-    }
-    Ok(())
-}
-
-fn merge_dir(
-    image: &mut Tree,
-    dir: InodeId,
-    layer: &Tree,
-    ldir: InodeId,
-    map: &mut HashMap<InodeId, InodeId>,
-    depth: usize,
-) {
-    let lroot = layer.inode(ldir);
-    if ldir == ROOT && !is_implicit(lroot) {
-        copy_attrs(image.inode_mut(dir), lroot);
-    }
-    let Some(lentries) = lroot.entries() else {
-        return;
-    };
-    for (name, e) in lentries {
-        if name.starts_with(WHITEOUT_PREFIX) {
-            continue;
-        }
-        let linode = layer.inode(e.inode);
-        let existing = image
-            .inode(dir)
+        let id = self
+            .tree
+            .inode(dir.last())
             .entries()
-            .and_then(|es| es.get(name))
-            .map(|c| c.inode);
-        if linode.is_dir() {
-            let target = match existing {
-                Some(old) if image.inode(old).is_dir() => {
-                    if !is_implicit(linode) {
-                        copy_attrs(image.inode_mut(old), linode);
-                    }
-                    old
-                }
-                _ => {
-                    let mut d = Inode::new(linode.mode).expect("a directory mode");
-                    copy_attrs(&mut d, linode);
-                    let id = image.push(d);
-                    link(image, dir, name, id);
-                    id
-                }
-            };
-            if depth < cairn_erofs::tree::MAX_DEPTH {
-                merge_dir(image, target, layer, e.inode, map, depth + 1);
+            .and_then(|es| es.get(*name))
+            .map(|e| e.inode)
+            .ok_or_else(missing)?;
+        if self.tree.inode(id).is_dir() {
+            return Err(Fail::Entry(format!(
+                "hardlink target {} is a directory",
+                lossy(target)
+            )));
+        }
+        Ok(id)
+    }
+
+    /// Marks `path` and every directory above it as this layer's.
+    fn mark_upper(&mut self, path: &[u8]) {
+        let mut end = path.len();
+        loop {
+            let p = &path[..end];
+            if self.upper.contains(p) {
+                // Its ancestors were marked with it.
+                return;
             }
-        } else {
-            let id = match map.get(&e.inode) {
-                Some(&id) => id,
-                None => {
-                    let mut copy = linode.clone();
-                    copy.xattrs = real_xattrs(&linode.xattrs);
-                    copy.nlink = 1;
-                    let id = image.push(copy);
-                    map.insert(e.inode, id);
-                    id
-                }
-            };
-            link(image, dir, name, id);
+            self.upper.insert(p.to_vec());
+            match p.iter().rposition(|&b| b == b'/') {
+                Some(i) => end = i,
+                None => return,
+            }
         }
     }
 }
 
+/// Gives `to` the metadata of `from`: mode, owner, mtime, xattrs (replacing
+/// all of `to`'s).
 fn copy_attrs(to: &mut Inode, from: &Inode) {
     to.mode = from.mode;
     to.uid = from.uid;
     to.gid = from.gid;
     to.mtime = from.mtime;
-    to.xattrs = real_xattrs(&from.xattrs);
+    to.xattrs = from.xattrs.clone();
 }
 
 fn link(image: &mut Tree, dir: InodeId, name: &[u8], id: InodeId) {

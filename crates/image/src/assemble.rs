@@ -10,7 +10,6 @@
 
 use std::io::BufReader;
 
-use cairn_erofs::dump::{parse_dump, ParseOptions};
 use cairn_erofs::tree::InodeData;
 use cairn_erofs::writer::{mkfs_erofs, WriteOptions};
 use cairn_erofs::Tree;
@@ -172,31 +171,17 @@ pub(crate) fn parse_image(
     Ok((manifest, config))
 }
 
-/// Reads a layer's record tree from the store.
-pub(crate) fn load_layer_tree(store: &Store, diff_id: &str) -> Result<Tree, LayerError> {
-    let path = store.layer_dump_path(diff_id);
-    let file = std::fs::File::open(&path).map_err(|e| LayerError::Apply {
-        layer: diff_id.to_owned(),
-        path: path.display().to_string(),
-        reason: format!("opening the layer record: {e}"),
-    })?;
-    parse_dump(
-        BufReader::with_capacity(1 << 20, file),
-        &ParseOptions { strict: true },
-    )
-    .map_err(|e| LayerError::Apply {
-        layer: diff_id.to_owned(),
-        path: path.display().to_string(),
-        reason: format!("corrupt layer record: {e}"),
-    })
-}
-
 /// Applies `diff_ids` in order, each from its record in the store.
 pub fn build_image_tree(store: &Store, diff_ids: &[String]) -> Result<Tree, LayerError> {
     let mut image = empty_image();
     for diff_id in diff_ids {
-        let layer = load_layer_tree(store, diff_id)?;
-        apply_layer(&mut image, &layer, diff_id)?;
+        let path = store.layer_entries_path(diff_id);
+        let file = std::fs::File::open(&path).map_err(|e| LayerError::Apply {
+            layer: diff_id.to_owned(),
+            path: path.display().to_string(),
+            reason: format!("opening the layer record: {e}"),
+        })?;
+        apply_layer(&mut image, BufReader::with_capacity(1 << 20, file), diff_id)?;
     }
     Ok(compact(&image))
 }

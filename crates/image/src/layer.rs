@@ -2,36 +2,36 @@
 //! layer record under `layers/<diff_id>`.
 //!
 //! The blob streams through the reader stack of `decompress` into the tar
-//! parser of `tar`; each entry goes into a [`Tree`] of the layer as it
-//! comes (metadata only), each regular file's content into a staged object.
+//! parser of `tar`; each entry becomes a line of the layer record as it
+//! comes (metadata only), each regular file's content a staged object.
 //! Only when the stream has ended, and its blob digest and diff_id match
 //! what the caller expects, are the objects published and then the record;
 //! an error at any point drops everything staged, so the store is as it was.
 //!
-//! # What an entry means (OCI image-spec `layer.md`, as containerd does it)
+//! # What the record keeps
 //!
-//! - Paths are cleaned lexically: `./`, `//` and `a/../` go away; a leading
-//!   `/` means the image root (containerd joins every path to the root the
-//!   same way). A path that climbs above the root with `..` is an error,
-//!   not clamped: no legitimate layer has one.
-//! - `./` (or `/`) is the root directory itself and sets its metadata.
-//! - A missing parent directory is created *implicitly*: 0755 root:root if
-//!   no layer below has it, and an existing one is left as it is.
-//! - A parent that is a symlink (in this layer) is an error: cairn never
-//!   writes through a symlink, so no entry can land outside the image or
-//!   somewhere a link redirects it.
-//! - An entry whose path exists already replaces it (the later one wins, as
-//!   extraction does); two directories merge, the later's metadata winning.
-//! - `.wh.NAME` deletes NAME from the layers below, `.wh..wh..opq` hides
-//!   everything below in its directory; neither touches entries of the same
-//!   layer, and neither appears in the image. `.wh.` names naming `.`, `..`
-//!   or nothing are errors; `.wh..wh.X` (a whiteout of a name that can never
-//!   exist) is ignored, and so is a whiteout below a path this layer makes a
-//!   file or symlink (that replacement drops the lower subtree already;
-//!   umoci writes such whiteouts when a directory becomes a file).
-//! - A hardlink's target must be an earlier entry of this layer that is not
-//!   a directory, or a file of the layers below (resolved when the image is
-//!   assembled; a missing target is an error there).
+//! The record (`layers/<diff_id>/entries`, see `cairn_store::record`) is
+//! the tar stream's entries in their order, one dumpfile line each, with
+//! file contents replaced by their objects: what an entry *does* to an
+//! image depends on the layers below it (a parent may be a symlink there),
+//! so it is decided when the layer is applied (`apply`), not here. Here
+//! each entry is checked on its own:
+//!
+//! - Paths are cleaned as umoci cleans them: `./`, `//` and `a/../` go
+//!   away, a leading `/` means the image root and `..` stops at the root, so
+//!   no path can name anything outside the image.
+//! - `./` (or `/`) is the root directory itself and must be a directory.
+//! - `.wh.NAME` (a whiteout) and `.wh..wh..opq` (an opaque marker) are kept
+//!   as such; `.wh.` names naming `.`, `..` or nothing are errors, a parent
+//!   named `.wh.*` is an error, and `.wh..wh.X` (a whiteout of a name no
+//!   entry can have) is dropped.
+//! - A hardlink keeps its cleaned target path.
+//! - Symlink targets are kept as written (resolved, clamped to the root,
+//!   only when a later entry's path goes through them).
+//! - Xattrs umoci never sets (`security.selinux`, `system.nfs4_acl`, the
+//!   `trusted.overlay.*` bookkeeping) are dropped; a `user.*` xattr on
+//!   anything but a regular file or directory is an error, as it is for
+//!   the kernel.
 //! - Regular files of 1 to 64 bytes are kept in the record; larger ones are
 //!   stored as objects, sparse files with their holes.
 
@@ -39,15 +39,14 @@ use std::collections::HashMap;
 use std::io::{BufReader, Read};
 
 use cairn_erofs::tree::{
-    check_name, InodeData, InodeId, RegularFile, Tree, DEFAULT_INLINE_THRESHOLD, MAX_NAME_LEN,
-    MAX_PATH_LEN, ROOT, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFREG,
+    check_name, InodeData, RegularFile, DEFAULT_INLINE_THRESHOLD, MAX_NAME_LEN, MAX_PATH_LEN,
+    S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFREG,
 };
-use cairn_erofs::{DirEntry, Inode, Mtime};
-use cairn_store::{is_diff_id, LayerRecord, ObjectId, StagedObject, Store, StoreError};
+use cairn_erofs::Inode;
+use cairn_store::{
+    is_diff_id, LayerRecord, LayerRecordWriter, ObjectId, StagedObject, Store, StoreError,
+};
 
-use crate::apply::{
-    normalize_links, XATTR_ESCAPED_PREFIX, XATTR_HARDLINK, XATTR_IMPLICIT, XATTR_RESERVED_PREFIX,
-};
 use crate::decompress::{
     compression_for_media_type, open_blob, DecompressError, LimitError, OpenError, SourceError,
 };
@@ -198,7 +197,7 @@ pub fn import_layer(
         },
     );
     let mut b =
-        LayerBuilder::new(store).map_err(|e| store_err(&layer, "building the layer tree", e))?;
+        LayerBuilder::new(store).map_err(|e| store_err(&layer, "starting the layer record", e))?;
     loop {
         let entry = match tar.next_entry() {
             Ok(Some(e)) => e,
@@ -273,9 +272,15 @@ pub fn import_layer(
     if let Some(rec) = cached_record(store, &diff_id)? {
         return Ok(LayerInfo::from_record(&rec, false));
     }
-    let LayerBuilder {
-        mut tree, staged, ..
-    } = b;
+    b.flush().map_err(|e| match e {
+        AddError::Reason(reason) => LayerError::Invalid {
+            layer: diff_id.clone(),
+            reason,
+        },
+        AddError::Tar(e) => tar_err(&diff_id, e),
+        AddError::Store(e) => store_err(&diff_id, "writing the layer record", e),
+    })?;
+    let LayerBuilder { staged, writer, .. } = b;
     store
         .publish_staged(staged.into_values())
         .map_err(|e| store_err(&diff_id, "publishing objects", e))?;
@@ -283,14 +288,6 @@ pub fn import_layer(
         "layer {diff_id}: objects published at {:?}",
         started.elapsed()
     );
-    normalize_links(&mut tree);
-    let mut writer = store
-        .layer_writer()
-        .map_err(|e| store_err(&diff_id, "writing the layer record", e))?;
-    cairn_erofs::dump::print_dump(&tree, writer.dump()).map_err(|e| LayerError::Invalid {
-        layer: diff_id.clone(),
-        reason: format!("writing the layer record: {e}"),
-    })?;
     writer
         .commit(store, &record)
         .map_err(|e| store_err(&diff_id, "publishing the layer record", e))?;
@@ -414,27 +411,58 @@ impl From<String> for AddError {
     }
 }
 
-/// The layer's tree, built entry by entry.
+/// Xattrs umoci never sets when it unpacks a layer (host-specific, or
+/// overlayfs bookkeeping of the machine that built the layer); cairn drops
+/// them too, so that both give the same tree.
+const IGNORED_XATTRS: &[&[u8]] = &[
+    b"security.selinux",
+    b"system.nfs4_acl",
+    b"trusted.overlay.opaque",
+    b"trusted.overlay.redirect",
+    b"trusted.overlay.origin",
+    b"trusted.overlay.impure",
+    b"trusted.overlay.nlink",
+    b"trusted.overlay.upper",
+    b"trusted.overlay.metacopy",
+];
+
+fn kind_name(k: EntryKind) -> &'static str {
+    match k {
+        EntryKind::Regular => "regular file",
+        EntryKind::Hardlink => "hardlink",
+        EntryKind::Symlink => "symlink",
+        EntryKind::CharDevice => "character device",
+        EntryKind::BlockDevice => "block device",
+        EntryKind::Directory => "directory",
+        EntryKind::Fifo => "fifo",
+    }
+}
+
+/// The layer's record, written entry by entry as the stream is read.
 struct LayerBuilder<'s> {
     store: &'s Store,
-    tree: Tree,
+    writer: LayerRecordWriter,
+    /// Lines not yet written to the record file.
+    pending: Vec<u8>,
     /// Objects staged so far, by id (each content once).
     staged: HashMap<ObjectId, StagedObject>,
-    /// Placeholders of hardlinks to lower layers, by target path.
-    external: HashMap<Vec<u8>, InodeId>,
     entries: u64,
 }
 
-/// Splits a tar path into its components, cleaned lexically.
+/// Flush the record's pending lines once they reach this size.
+const RECORD_BUFFER: usize = 1 << 20;
+
+/// Splits a tar path into its components, cleaned as umoci cleans them
+/// (Go's `filepath.Clean` of the path below `/`): `.` and empty components
+/// go, `..` removes the component before it and is dropped at the root, so
+/// a path never leaves the image root.
 pub(crate) fn clean_path(path: &[u8]) -> Result<Vec<&[u8]>, String> {
     let mut comps: Vec<&[u8]> = Vec::new();
     for c in path.split(|&b| b == b'/') {
         match c {
             b"" | b"." => {}
             b".." => {
-                if comps.pop().is_none() {
-                    return Err("path climbs out of the image root with '..'".into());
-                }
+                comps.pop();
             }
             c => {
                 if c.len() > MAX_NAME_LEN {
@@ -453,118 +481,51 @@ pub(crate) fn clean_path(path: &[u8]) -> Result<Vec<&[u8]>, String> {
     Ok(comps)
 }
 
-fn join(comps: &[&[u8]]) -> Vec<u8> {
-    comps.join(&b'/')
-}
-
-fn implicit_dir(mtime: Mtime) -> Inode {
-    let mut d = Inode::new(S_IFDIR | 0o755).expect("directory mode is valid");
-    d.mtime = mtime;
-    d.xattrs.insert(XATTR_IMPLICIT.to_vec(), Vec::new());
-    d
-}
-
-fn whiteout() -> Inode {
-    Inode::new(S_IFCHR).expect("char device mode is valid")
+/// `comps` as an absolute path (`/` for none).
+fn absolute(comps: &[&[u8]]) -> Vec<u8> {
+    if comps.is_empty() {
+        return b"/".to_vec();
+    }
+    let mut out = Vec::with_capacity(comps.iter().map(|c| c.len() + 1).sum());
+    for c in comps {
+        out.push(b'/');
+        out.extend_from_slice(c);
+    }
+    out
 }
 
 impl<'s> LayerBuilder<'s> {
     fn new(store: &'s Store) -> Result<Self, StoreError> {
         Ok(LayerBuilder {
             store,
-            tree: Tree::new(implicit_dir(Mtime::default())).expect("a directory root"),
+            writer: store.layer_writer()?,
+            pending: Vec::with_capacity(RECORD_BUFFER + 64 * 1024),
             staged: HashMap::new(),
-            external: HashMap::new(),
             entries: 0,
         })
     }
 
-    fn entries_of(&self, dir: InodeId) -> &std::collections::BTreeMap<Vec<u8>, DirEntry> {
-        self.tree
-            .inode(dir)
+    fn write_line(
+        &mut self,
+        path: &[u8],
+        inode: &Inode,
+        hardlink: Option<&[u8]>,
+    ) -> Result<(), AddError> {
+        cairn_erofs::dump::format_entry_line(&mut self.pending, path, inode, hardlink);
+        if self.pending.len() >= RECORD_BUFFER {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), AddError> {
+        use std::io::Write;
+        self.writer
             .entries()
-            .expect("parents are directories")
-    }
-
-    /// The directory that holds `comps`' last component, creating missing
-    /// parents implicitly.
-    fn parent_of(&mut self, comps: &[&[u8]], mtime: Mtime) -> Result<InodeId, String> {
-        let mut cur = ROOT;
-        for (i, comp) in comps.iter().enumerate() {
-            if comp.starts_with(WHITEOUT_PREFIX) {
-                return Err(format!(
-                    "parent {} is a whiteout name, not a directory",
-                    lossy(&join(&comps[..=i]))
-                ));
-            }
-            match self.entries_of(cur).get(*comp) {
-                Some(e) => {
-                    let child = self.tree.inode(e.inode);
-                    if child.is_dir() {
-                        cur = e.inode;
-                    } else if matches!(child.data, InodeData::Symlink(_)) {
-                        return Err(format!(
-                            "parent {} is a symlink; cairn never writes through symlinks",
-                            lossy(&join(&comps[..=i]))
-                        ));
-                    } else {
-                        return Err(format!(
-                            "parent {} is not a directory",
-                            lossy(&join(&comps[..=i]))
-                        ));
-                    }
-                }
-                None => {
-                    let id = self.tree.push(implicit_dir(mtime));
-                    self.tree
-                        .add_child(cur, comp, id, false)
-                        .map_err(|e| e.to_string())?;
-                    cur = id;
-                }
-            }
-        }
-        Ok(cur)
-    }
-
-    /// The first of `comps` that this layer has as something other than a
-    /// directory, if any.
-    fn non_dir_parent(&self, comps: &[&[u8]]) -> Option<Vec<u8>> {
-        let mut cur = ROOT;
-        for (i, comp) in comps.iter().enumerate() {
-            let e = self.entries_of(cur).get(*comp)?;
-            if !self.tree.inode(e.inode).is_dir() {
-                return Some(join(&comps[..=i]));
-            }
-            cur = e.inode;
-        }
-        None
-    }
-
-    /// Links `id` as `name` in `dir`, replacing what is there (two
-    /// directories merge: the old one takes the new one's metadata).
-    fn put(&mut self, dir: InodeId, name: &[u8], id: InodeId, hardlink: bool) {
-        let existing = self.entries_of(dir).get(name).map(|e| e.inode);
-        if let Some(old) = existing {
-            if self.tree.inode(old).is_dir() && self.tree.inode(id).is_dir() {
-                let new = self.tree.inode(id).clone();
-                let o = self.tree.inode_mut(old);
-                o.mode = new.mode;
-                o.uid = new.uid;
-                o.gid = new.gid;
-                o.mtime = new.mtime;
-                o.xattrs = new.xattrs;
-                return;
-            }
-        }
-        if let InodeData::Directory(entries) = &mut self.tree.inode_mut(dir).data {
-            entries.insert(
-                name.to_vec(),
-                DirEntry {
-                    inode: id,
-                    hardlink,
-                },
-            );
-        }
+            .write_all(&self.pending)
+            .map_err(|e| AddError::Reason(format!("writing the layer record: {e}")))?;
+        self.pending.clear();
+        Ok(())
     }
 
     fn add<R: crate::tar::TarSource>(
@@ -573,6 +534,13 @@ impl<'s> LayerBuilder<'s> {
         e: TarEntry,
     ) -> Result<(), AddError> {
         let comps = clean_path(&e.path)?;
+        let path = absolute(&comps);
+        if path.len() > MAX_PATH_LEN {
+            return Err(AddError::Reason(format!(
+                "path of {} bytes is longer than {MAX_PATH_LEN}",
+                path.len()
+            )));
+        }
         let Some((name, parents)) = comps.split_last() else {
             // The root itself.
             if e.kind != EntryKind::Directory {
@@ -580,131 +548,66 @@ impl<'s> LayerBuilder<'s> {
                     "the root entry ('./') must be a directory".into(),
                 ));
             }
-            let new = self.inode_for(&e)?;
-            let root = self.tree.inode_mut(ROOT);
-            root.mode = new.mode;
-            root.uid = new.uid;
-            root.gid = new.gid;
-            root.mtime = new.mtime;
-            root.xattrs = new.xattrs;
-            return Ok(());
+            let inode = self.inode_for(&e)?;
+            return self.write_line(&path, &inode, None);
         };
-        let name: &[u8] = name;
+        if let Some(p) = parents.iter().find(|c| c.starts_with(WHITEOUT_PREFIX)) {
+            return Err(AddError::Reason(format!(
+                "parent {} is a whiteout name, not a directory",
+                lossy(p)
+            )));
+        }
 
         if let Some(target) = name.strip_prefix(WHITEOUT_PREFIX) {
-            if let Some(blocker) = self.non_dir_parent(parents) {
-                // This layer replaces a parent with a file or symlink, which
-                // drops everything below it from the lower layers anyway
-                // (umoci writes such whiteouts when a directory becomes a
-                // file); there is nothing left for the whiteout to delete.
-                tracing::debug!(
-                    "ignoring whiteout {} below non-directory {}",
-                    lossy(&e.path),
-                    lossy(&blocker)
-                );
-                return Ok(());
-            }
-            let dir = self.parent_of(parents, e.mtime)?;
-            if name == OPAQUE {
-                let id = self.tree.push(whiteout());
-                self.put(dir, OPAQUE, id, false);
-                return Ok(());
-            }
-            if target.starts_with(WHITEOUT_PREFIX) {
-                tracing::debug!("ignoring whiteout of reserved name {}", lossy(name));
-                return Ok(());
-            }
-            match target {
-                b"" => return Err(AddError::Reason("whiteout names nothing ('.wh.')".into())),
-                b"." | b".." => {
-                    return Err(AddError::Reason(format!(
-                        "whiteout of '{}' would delete outside its directory",
-                        lossy(target)
-                    )))
+            if *name != OPAQUE {
+                if target.starts_with(WHITEOUT_PREFIX) {
+                    // `.wh..wh.X` would delete a name no entry can have.
+                    tracing::debug!("ignoring whiteout of reserved name {}", lossy(name));
+                    return Ok(());
                 }
-                _ => {}
+                match target {
+                    b"" => return Err(AddError::Reason("whiteout names nothing ('.wh.')".into())),
+                    b"." | b".." => {
+                        return Err(AddError::Reason(format!(
+                            "whiteout of '{}' would delete outside its directory",
+                            lossy(target)
+                        )))
+                    }
+                    _ => {}
+                }
+                check_name(target).map_err(|e| e.to_string())?;
             }
-            check_name(target).map_err(|e| e.to_string())?;
-            let id = self.tree.push(whiteout());
-            self.put(dir, name, id, false);
-            return Ok(());
+            let marker = Inode::new(S_IFCHR).expect("char device mode is valid");
+            return self.write_line(&path, &marker, None);
         }
 
         if e.kind == EntryKind::Hardlink {
-            return self.add_hardlink(&comps, &e);
+            let target = clean_path(&e.link).map_err(|r| format!("hardlink target: {r}"))?;
+            if target
+                .last()
+                .is_some_and(|n| n.starts_with(WHITEOUT_PREFIX))
+            {
+                return Err(AddError::Reason(format!(
+                    "hardlink to whiteout {}",
+                    lossy(&e.link)
+                )));
+            }
+            let target = absolute(&target);
+            if target.len() > MAX_PATH_LEN {
+                return Err(AddError::Reason(format!(
+                    "hardlink target of {} bytes is longer than {MAX_PATH_LEN}",
+                    target.len()
+                )));
+            }
+            let placeholder = Inode::new(S_IFREG).expect("regular mode is valid");
+            return self.write_line(&path, &placeholder, Some(&target));
         }
 
-        let dir = self.parent_of(parents, e.mtime)?;
         let mut inode = self.inode_for(&e)?;
         if e.kind == EntryKind::Regular {
             inode.data = InodeData::Regular(self.read_content(tar, &e)?);
         }
-        let id = self.tree.push(inode);
-        self.put(dir, name, id, false);
-        Ok(())
-    }
-
-    fn add_hardlink(&mut self, comps: &[&[u8]], e: &TarEntry) -> Result<(), AddError> {
-        let target = clean_path(&e.link).map_err(|r| format!("hardlink target: {r}"))?;
-        let Some(target_name) = target.last() else {
-            return Err(AddError::Reason("hardlink to the root directory".into()));
-        };
-        if target_name.starts_with(WHITEOUT_PREFIX) {
-            return Err(AddError::Reason(format!(
-                "hardlink to whiteout {}",
-                lossy(&e.link)
-            )));
-        }
-        // A link to itself (GNU tar writes one for a file named twice) finds
-        // the entry that is there and changes nothing.
-        // Literally, without following symlinks: a link names a file.
-        let mut cur = ROOT;
-        let mut found = None;
-        for (i, comp) in target.iter().enumerate() {
-            let Some(entry) = self.entries_of(cur).get(*comp) else {
-                break;
-            };
-            let node = self.tree.inode(entry.inode);
-            if i + 1 == target.len() {
-                if node.is_dir() {
-                    return Err(AddError::Reason(format!(
-                        "hardlink to directory {}",
-                        lossy(&e.link)
-                    )));
-                }
-                found = Some(entry.inode);
-            } else if node.is_dir() {
-                cur = entry.inode;
-            } else {
-                return Err(AddError::Reason(format!(
-                    "hardlink target {}: {} is not a directory",
-                    lossy(&e.link),
-                    lossy(&join(&target[..=i]))
-                )));
-            }
-        }
-        let id = match found {
-            Some(id) => id,
-            None => {
-                // Not in this layer: a file of the layers below, found when
-                // the image is assembled.
-                let key = join(&target);
-                match self.external.get(&key) {
-                    Some(&id) => id,
-                    None => {
-                        let mut p = Inode::new(S_IFREG).expect("regular mode is valid");
-                        p.xattrs.insert(XATTR_HARDLINK.to_vec(), key.clone());
-                        let id = self.tree.push(p);
-                        self.external.insert(key, id);
-                        id
-                    }
-                }
-            }
-        };
-        let (name, parents) = comps.split_last().expect("not the root");
-        let dir = self.parent_of(parents, e.mtime)?;
-        self.put(dir, name, id, true);
-        Ok(())
+        self.write_line(&path, &inode, None)
     }
 
     /// The inode an entry describes (regular files without content yet).
@@ -723,9 +626,9 @@ impl<'s> LayerBuilder<'s> {
         inode.gid = e.gid;
         inode.mtime = e.mtime;
         for (k, v) in &e.xattrs {
-            if k.len() > 255 || k.contains(&0) {
+            if k.is_empty() || k.len() > 255 || k.contains(&0) {
                 return Err(format!(
-                    "invalid xattr name {:?} (at most 255 bytes, no NUL)",
+                    "invalid xattr name {:?} (1 to 255 bytes, no NUL)",
                     lossy(k)
                 ));
             }
@@ -736,11 +639,21 @@ impl<'s> LayerBuilder<'s> {
                     v.len()
                 ));
             }
-            let key = match k.strip_prefix(XATTR_RESERVED_PREFIX) {
-                Some(rest) => [XATTR_ESCAPED_PREFIX, rest].concat(),
-                None => k.clone(),
-            };
-            inode.xattrs.insert(key, v.clone());
+            if IGNORED_XATTRS.contains(&k.as_slice()) {
+                continue;
+            }
+            // The kernel refuses user.* xattrs on anything but regular files
+            // and directories (so does every unpacker writing to a disk).
+            if k.starts_with(b"user.")
+                && !matches!(e.kind, EntryKind::Regular | EntryKind::Directory)
+            {
+                return Err(format!(
+                    "xattr {} on a {}: user.* xattrs exist only on regular files and directories",
+                    lossy(k),
+                    kind_name(e.kind)
+                ));
+            }
+            inode.xattrs.insert(k.clone(), v.clone());
         }
         match e.kind {
             EntryKind::CharDevice | EntryKind::BlockDevice => {

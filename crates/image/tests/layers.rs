@@ -379,3 +379,198 @@ fn gnu_tar_sparse_formats() {
         );
     }
 }
+
+/// The names in the image, with a letter for the type and, for symlinks,
+/// the target: `/lib -> usr/lib`, `/usr/lib/x` (files), `/usr/` (dirs).
+fn listing(s: &cairn_store::Store, layers: &[Vec<u8>]) -> Vec<String> {
+    let img = build(s, layers, None).unwrap();
+    entries(&image_tree(s, &img))
+        .into_iter()
+        .map(|(p, i)| match &i.data {
+            InodeData::Symlink(t) => format!("{p} -> {}", String::from_utf8_lossy(t)),
+            InodeData::Directory(_) if p != "/" => format!("{p}/"),
+            _ => p,
+        })
+        .collect()
+}
+
+fn merged_usr() -> Layer {
+    let mut l = Layer::new();
+    l.dir("usr/", 0o755)
+        .dir("usr/lib/", 0o755)
+        .file("usr/lib/old.so", b"old", 0o644)
+        .dir("usr/bin/", 0o755)
+        .symlink("lib", "usr/lib")
+        .symlink("bin", "/usr/bin")
+        .dir("run/", 0o755)
+        .dir("var/", 0o755)
+        .symlink("var/run", "/run");
+    l
+}
+
+#[test]
+fn parents_resolve_through_lower_symlinks() {
+    let (_d, s) = store();
+    let mut top = Layer::new();
+    top.file("lib/x86_64-linux-gnu/libfoo.so", b"foo", 0o644)
+        .file("bin/tool", b"tool", 0o755)
+        .file("var/run/app.pid", b"1", 0o644)
+        .whiteout("lib/.wh.old.so");
+    let got = listing(&s, &[merged_usr().finish(), top.finish()]);
+    assert_eq!(
+        got,
+        [
+            "/",
+            "/bin -> /usr/bin",
+            "/lib -> usr/lib",
+            "/run/",
+            "/run/app.pid",
+            "/usr/",
+            "/usr/bin/",
+            "/usr/bin/tool",
+            "/usr/lib/",
+            "/usr/lib/x86_64-linux-gnu/",
+            "/usr/lib/x86_64-linux-gnu/libfoo.so",
+            "/var/",
+            "/var/run -> /run",
+        ]
+    );
+}
+
+#[test]
+fn parents_resolve_through_chains_and_this_layers_symlinks() {
+    let (_d, s) = store();
+    let mut base = Layer::new();
+    base.dir("usr/lib/", 0o755)
+        .symlink("a", "b")
+        .symlink("b", "usr/lib");
+    let mut top = Layer::new();
+    // Through a chain of the layer below; through a symlink this very
+    // layer made (relative to its directory, and climbing with `..`).
+    top.file("a/chained", b"c", 0o644)
+        .dir("opt/", 0o755)
+        .symlink("opt/up", "../usr/lib")
+        .file("opt/up/via-up", b"u", 0o644)
+        .symlink("abs", "/opt")
+        .file("abs/via-abs", b"v", 0o644);
+    let got = listing(&s, &[base.finish(), top.finish()]);
+    assert_eq!(
+        got,
+        [
+            "/",
+            "/a -> b",
+            "/abs -> /opt",
+            "/b -> usr/lib",
+            "/opt/",
+            "/opt/up -> ../usr/lib",
+            "/opt/via-abs",
+            "/usr/",
+            "/usr/lib/",
+            "/usr/lib/chained",
+            "/usr/lib/via-up",
+        ]
+    );
+}
+
+#[test]
+fn resolution_never_leaves_the_root() {
+    let (_d, s) = store();
+    let mut base = Layer::new();
+    base.dir("etc/", 0o755).file("etc/shadow", b"lower", 0o600);
+    let mut top = Layer::new();
+    top.raw(b"../evil", EntryType::Regular, 0o644, b"1", |_| {})
+        .raw(b"a/../../evil2", EntryType::Regular, 0o644, b"2", |_| {})
+        .raw(b"/../etc/passwd", EntryType::Regular, 0o644, b"3", |_| {})
+        .symlink("up", "../../..")
+        .file("up/x/y", b"4", 0o644)
+        .symlink("s", "/.")
+        .file("s/etc/hosts", b"5", 0o644)
+        .symlink("evil", "/../../etc")
+        .file("evil/group", b"6", 0o644)
+        .raw(
+            b"../.wh.shadow-not-here",
+            EntryType::Regular,
+            0o644,
+            b"",
+            |_| {},
+        )
+        .raw(b"../etc/.wh.shadow", EntryType::Regular, 0o644, b"", |_| {});
+    let got = listing(&s, &[base.finish(), top.finish()]);
+    assert_eq!(
+        got,
+        [
+            "/",
+            "/etc/",
+            "/etc/group",
+            "/etc/hosts",
+            "/etc/passwd",
+            "/evil -> /../../etc",
+            "/evil2",
+            "/s -> /",
+            "/up -> ../../..",
+            "/x/",
+            "/x/y",
+        ]
+    );
+}
+
+#[test]
+fn whiteouts_of_absent_paths_change_nothing() {
+    let (_d, s) = store();
+    let mut base = Layer::new();
+    base.dir("tmp/", 0o1777).file("f", b"f", 0o644);
+    let mut top = Layer::new();
+    top.whiteout("tmp/x/.wh.y")
+        .whiteout("nowhere/.wh..wh..opq")
+        .whiteout("f/.wh.z")
+        .whiteout(".wh.absent");
+    let got = listing(&s, &[base.finish(), top.finish()]);
+    assert_eq!(got, ["/", "/f", "/tmp/"]);
+}
+
+#[test]
+fn order_within_a_layer_is_kept() {
+    let (_d, s) = store();
+    let base = merged_usr().finish();
+    // Written through the lower symlink, then the symlink whited out: the
+    // file stays where it landed, the symlink goes.
+    let mut one = Layer::new();
+    one.file("lib/x.so", b"x", 0o644).whiteout(".wh.lib");
+    let got = listing(&s, &[base.clone(), one.finish()]);
+    assert!(got.contains(&"/usr/lib/x.so".to_string()), "{got:#?}");
+    assert!(!got.iter().any(|p| p.starts_with("/lib")), "{got:#?}");
+    // The other way round: the symlink goes first, and the file makes a
+    // directory /lib of its own.
+    let mut two = Layer::new();
+    two.whiteout(".wh.lib").file("lib/x.so", b"x", 0o644);
+    let got = listing(&s, &[base.clone(), two.finish()]);
+    assert!(got.contains(&"/lib/".to_string()), "{got:#?}");
+    assert!(got.contains(&"/lib/x.so".to_string()), "{got:#?}");
+    assert!(got.contains(&"/usr/lib/old.so".to_string()), "{got:#?}");
+    // A directory entry replaces a lower symlink (its name is never
+    // followed), and what comes after lands in the new directory.
+    let mut three = Layer::new();
+    three.dir("lib/", 0o700).file("lib/y.so", b"y", 0o644);
+    let got = listing(&s, &[base, three.finish()]);
+    assert!(got.contains(&"/lib/".to_string()), "{got:#?}");
+    assert!(got.contains(&"/lib/y.so".to_string()), "{got:#?}");
+    assert!(got.contains(&"/usr/lib/old.so".to_string()), "{got:#?}");
+}
+
+#[test]
+fn hardlinks_resolve_parents_but_not_the_last_name() {
+    let (_d, s) = store();
+    let mut top = Layer::new();
+    top.file("usr/lib/real.so", b"real", 0o644)
+        .symlink("usr/lib/link.so", "real.so")
+        // Parent through the lower symlink `lib`.
+        .hardlink("hard.so", "lib/real.so")
+        // To the symlink itself, not what it points at.
+        .hardlink("hard-link.so", "usr/lib/link.so");
+    let img = build(&s, &[merged_usr().finish(), top.finish()], None).unwrap();
+    let e = entries(&image_tree(&s, &img));
+    assert_eq!(e["/hard.so"].nlink, 2);
+    assert_eq!(e["/usr/lib/real.so"].nlink, 2);
+    assert_eq!(e["/hard-link.so"].file_type(), FileType::Symlink);
+    assert_eq!(e["/usr/lib/link.so"].nlink, 2);
+}

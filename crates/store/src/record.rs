@@ -8,38 +8,39 @@
 //! layers/
 //! └── sha256:<64 hex>/        one directory per layer, named by its diff_id
 //!     ├── layer.json          a LayerRecord (JSON): diff_id, blob digest, sizes, counts
-//!     └── dump                the layer's entries as a composefs dumpfile (see below)
+//!     └── entries             the layer's tar entries in order, one dumpfile line each
 //! images/
 //! ├── <sha256>                the EROFS image (image.rs)
 //! └── <sha256>.json           its ImageRecord (JSON): manifest, config, layers, …
 //! ```
 //!
-//! ## The layer dump
+//! ## The layer entries
 //!
-//! `dump` is a composefs dumpfile (`cairn_erofs::dump`, strict) of the tree
-//! the layer's tar stream describes, with these conventions for what a
-//! plain filesystem tree cannot say:
+//! `entries` holds one line per tar entry, in the order of the tar stream,
+//! each in the syntax of a composefs dumpfile line
+//! (`cairn_erofs::dump::parse_line`): the file's contents replaced by their
+//! object (or kept inline up to 64 bytes), so the layer can be applied again
+//! without its blob. It is not a dumpfile of a tree: applying a layer
+//! resolves each entry's parent directories through the symlinks of the
+//! image below and of this layer's earlier entries, so the same path can
+//! name different places depending on what comes before it, and only the
+//! order of the stream says which.
 //!
+//! - PATH is the entry's path cleaned as the image root's (`/a/b`; `/` for
+//!   the root itself); `..` never climbs above the root.
 //! - **Whiteouts** stay what the OCI layer says: an entry `.wh.NAME`, a
-//!   character device 0:0, deletes `NAME` of the layers below. Names
-//!   starting with `.wh.` are reserved by the image spec, so no real entry
-//!   has one.
-//! - **Opaque directories** hold an entry `.wh..wh..opq` (char 0:0): the
-//!   directory hides everything the layers below put in it.
-//! - **Implicit directories** (parents the tar never listed) carry the
-//!   xattr `trusted.cairn.layer.implicit`: they are created 0755 root:root
-//!   when missing below and leave an existing directory's metadata alone.
-//! - **Hardlinks to lower layers** (a tar link entry whose target is not in
-//!   this layer) are regular-file placeholders carrying the xattr
-//!   `trusted.cairn.layer.hardlink=<target path>`; applying the layer links
-//!   the target as the layers below have it.
-//! - Real xattrs named `trusted.cairn.*` are escaped to
-//!   `trusted.cairn.x.*` so they never read as one of those markers.
+//!   character device 0:0, deletes `NAME` of the layers below;
+//!   `.wh..wh..opq` empties its directory of what the layers below put in
+//!   it. Names starting with `.wh.` are reserved by the image spec, so no
+//!   real entry has one.
+//! - **Hardlinks** are hardlink lines (`@` before MODE) whose PAYLOAD is the
+//!   target path, resolved when the layer is applied.
 //! - Regular files hold inline CONTENT (up to 64 bytes) or name their object
 //!   (`PAYLOAD` `ab/cdef…`, `DIGEST`), exactly as in an image dump.
+//! - Xattrs are the entry's own; nothing else is stored in them.
 //!
-//! The image crate (`cairn_image`) writes and applies dumps; this module
-//! only stores them and lists the objects they name
+//! The image crate (`cairn_image`) writes and applies these records; this
+//! module only stores them and lists the objects they name
 //! ([`Store::layer_record_objects`]).
 //!
 //! # Publication
@@ -71,10 +72,15 @@ use crate::{Store, StoreError};
 
 /// The file in a layer directory that holds its [`LayerRecord`].
 pub const LAYER_RECORD_FILE: &str = "layer.json";
-/// The file in a layer directory that holds its entries as a dumpfile.
-pub const LAYER_DUMP_FILE: &str = "dump";
-/// Version of the layer record format this build writes and reads.
-pub const LAYER_FORMAT: u32 = 1;
+/// The file in a layer directory that holds its entries, in the order of
+/// the tar stream, one dumpfile line each.
+pub const LAYER_ENTRIES_FILE: &str = "entries";
+/// Version of the layer record format this build writes and reads. Format 1
+/// kept a dumpfile of the layer's tree (`dump`), which cannot say in which
+/// order entries come or that one is written through a symlink another
+/// entry made; a store's format-1 records are replaced when the layer is
+/// imported again, and `fsck` reports them.
+pub const LAYER_FORMAT: u32 = 2;
 /// Largest record file read back (records are small; a bigger one is corrupt).
 const MAX_RECORD_JSON: u64 = 64 << 20;
 
@@ -310,14 +316,14 @@ impl ObjectStager {
 pub struct LayerRecordWriter {
     staging: Arc<Staging>,
     dir: PathBuf,
-    dump: File,
+    entries: File,
     done: bool,
 }
 
 impl LayerRecordWriter {
-    /// The dump file, to write the dumpfile into.
-    pub fn dump(&mut self) -> &mut File {
-        &mut self.dump
+    /// The entries file, to write the layer's entry lines into.
+    pub fn entries(&mut self) -> &mut File {
+        &mut self.entries
     }
 
     fn err(&self, op: &'static str, path: &Path, e: io::Error) -> StoreError {
@@ -325,35 +331,66 @@ impl LayerRecordWriter {
     }
 
     /// Writes `record`, syncs both files and renames the directory to
-    /// `layers/<diff_id>`. Every object the dump names must be published
+    /// `layers/<diff_id>`. Every object the entries name must be published
     /// already. Returns false if the layer was there already (ours is
     /// dropped).
     pub fn commit(mut self, store: &Store, record: &LayerRecord) -> Result<bool, StoreError> {
         if !is_diff_id(&record.diff_id) {
             return Err(bad_diff_id(self.staging.root(), &record.diff_id));
         }
-        let dump_path = self.dir.join(LAYER_DUMP_FILE);
-        self.dump
+        let entries_path = self.dir.join(LAYER_ENTRIES_FILE);
+        self.entries
             .sync_all()
-            .map_err(|e| self.err("syncing layer dump", &dump_path, e))?;
+            .map_err(|e| self.err("syncing layer entries", &entries_path, e))?;
         let json_path = self.dir.join(LAYER_RECORD_FILE);
         let json = serde_json::to_vec_pretty(record).expect("layer records serialise");
         write_new_file(&json_path, &json).map_err(|e| self.err("writing", &json_path, e))?;
         sync_dir(&self.dir, self.staging.root())?;
         let dest = store.layer_dir(&record.diff_id);
-        match renameat_with(CWD, &self.dir, CWD, &dest, RenameFlags::NOREPLACE) {
-            Ok(()) => {
-                self.done = true;
-                sync_dir(&store.layers_dir(), &store.root)?;
-                Ok(true)
+        // Twice at most: a record of an older format (or an unreadable one)
+        // in the way is set aside once and ours takes its place.
+        for attempt in 0..2 {
+            match renameat_with(CWD, &self.dir, CWD, &dest, RenameFlags::NOREPLACE) {
+                Ok(()) => {
+                    self.done = true;
+                    sync_dir(&store.layers_dir(), &store.root)?;
+                    return Ok(true);
+                }
+                Err(Errno::EXIST | Errno::NOTEMPTY) => {
+                    if attempt > 0 || matches!(store.layer_record(&record.diff_id), Ok(Some(_))) {
+                        return Ok(false);
+                    }
+                    self.set_aside(&dest)?;
+                }
+                Err(e) => {
+                    return Err(StoreError::io(
+                        "renaming into",
+                        &dest,
+                        &store.root,
+                        e.into(),
+                    ))
+                }
             }
-            Err(Errno::EXIST | Errno::NOTEMPTY) => Ok(false),
-            Err(e) => Err(StoreError::io(
-                "renaming into",
-                &dest,
-                &store.root,
-                e.into(),
-            )),
+        }
+        Ok(false)
+    }
+
+    /// Moves a stale layer directory out of `layers/` into the staging
+    /// area and removes it there (someone else may have done so already).
+    fn set_aside(&self, dest: &Path) -> Result<(), StoreError> {
+        let tmp = self.staging.tmp_file("stale-layer")?;
+        let mut aside = tmp.path().as_os_str().to_owned();
+        aside.push(".d");
+        let aside = PathBuf::from(aside);
+        drop(tmp);
+        match renameat_with(CWD, dest, CWD, &aside, RenameFlags::NOREPLACE) {
+            Ok(()) => {
+                fs::remove_dir_all(&aside)
+                    .map_err(|e| self.err("removing stale layer record", &aside, e))?;
+                Ok(())
+            }
+            Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(self.err("setting aside stale layer record", dest, e.into())),
         }
     }
 }
@@ -384,12 +421,10 @@ impl Store {
         self.layers_dir().join(diff_id)
     }
 
-    /// Whether a complete record of the layer is in the store.
+    /// Whether a complete record of the layer, in the format this build
+    /// reads, is in the store.
     pub fn has_layer_record(&self, diff_id: &str) -> bool {
-        is_diff_id(diff_id)
-            && fs::symlink_metadata(self.layer_dir(diff_id).join(LAYER_RECORD_FILE))
-                .map(|m| m.is_file())
-                .unwrap_or(false)
+        is_diff_id(diff_id) && matches!(self.layer_record(diff_id), Ok(Some(_)))
     }
 
     /// The layer's record, or `None` if the store does not have the layer.
@@ -412,7 +447,8 @@ impl Store {
                 diff_id: diff_id.to_owned(),
                 root: self.root.clone(),
                 reason: format!(
-                    "{LAYER_RECORD_FILE} describes {} in format {} (this build reads format {LAYER_FORMAT})",
+                    "{LAYER_RECORD_FILE} describes {} in format {} (this build reads format \
+                     {LAYER_FORMAT}; importing the layer again replaces it)",
                     rec.diff_id, rec.format
                 ),
             });
@@ -420,18 +456,18 @@ impl Store {
         Ok(Some(rec))
     }
 
-    /// `layers/<diff_id>/dump`.
-    pub fn layer_dump_path(&self, diff_id: &str) -> PathBuf {
-        self.layer_dir(diff_id).join(LAYER_DUMP_FILE)
+    /// `layers/<diff_id>/entries`.
+    pub fn layer_entries_path(&self, diff_id: &str) -> PathBuf {
+        self.layer_dir(diff_id).join(LAYER_ENTRIES_FILE)
     }
 
-    /// The objects the layer's dump names (each once, sorted), read from
+    /// The objects the layer's entries name (each once, sorted), read from
     /// the PAYLOAD field of its lines without parsing the rest.
     pub fn layer_record_objects(&self, diff_id: &str) -> Result<Vec<ObjectId>, StoreError> {
         if !is_diff_id(diff_id) {
             return Err(bad_diff_id(&self.root, diff_id));
         }
-        let path = self.layer_dump_path(diff_id);
+        let path = self.layer_entries_path(diff_id);
         let file =
             File::open(&path).map_err(|e| StoreError::io("opening", &path, &self.root, e))?;
         let mut out = BTreeSet::new();
@@ -478,19 +514,19 @@ impl Store {
         drop(tmp);
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))
             .map_err(|e| StoreError::io("setting mode of", &dir, &self.root, e))?;
-        let dump_path = dir.join(LAYER_DUMP_FILE);
-        let dump = fs::OpenOptions::new()
+        let entries_path = dir.join(LAYER_ENTRIES_FILE);
+        let entries = fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
-            .open(&dump_path)
-            .map_err(|e| StoreError::io("creating", &dump_path, &self.root, e))?;
-        fs::set_permissions(&dump_path, fs::Permissions::from_mode(0o644))
-            .map_err(|e| StoreError::io("setting mode of", &dump_path, &self.root, e))?;
+            .open(&entries_path)
+            .map_err(|e| StoreError::io("creating", &entries_path, &self.root, e))?;
+        fs::set_permissions(&entries_path, fs::Permissions::from_mode(0o644))
+            .map_err(|e| StoreError::io("setting mode of", &entries_path, &self.root, e))?;
         Ok(LayerRecordWriter {
             staging,
             dir,
-            dump,
+            entries,
             done: false,
         })
     }
@@ -647,7 +683,7 @@ fn bad_diff_id(root: &Path, diff_id: &str) -> StoreError {
     }
 }
 
-/// The object a dump PAYLOAD (`ab/cdef…`, or with a leading `/`) names.
+/// The object a dumpfile line's PAYLOAD (`ab/cdef…`, or with a leading `/`) names.
 fn object_id_of_payload(payload: &[u8]) -> Option<ObjectId> {
     let p = payload.strip_prefix(b"/").unwrap_or(payload);
     if p.len() != 65 || p[2] != b'/' {

@@ -80,7 +80,7 @@ fn add_layer(store: &Store, diff_id: &str, contents: &[&[u8]]) {
         ));
     }
     let mut w = store.layer_writer().unwrap();
-    w.dump().write_all(dump.as_bytes()).unwrap();
+    w.entries().write_all(dump.as_bytes()).unwrap();
     let record = LayerRecord {
         format: LAYER_FORMAT,
         diff_id: diff_id.to_owned(),
@@ -685,4 +685,26 @@ fn live_mounts_of_a_store_without_mounts_are_none() {
     let (_dir, store) = new_store();
     add_image(&store, &[("f", &content(1, 100))]);
     assert!(store.live_mounts().unwrap().is_empty());
+}
+
+#[test]
+fn layer_record_of_an_older_format_is_replaced() {
+    let (_d, store) = new_store();
+    // A record as format 1 wrote it: layer.json and a `dump`.
+    let dir = store.layer_dir(&diff_id(9));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("dump"), "/ 0 40755 2 0 0 0 0.0 - - -\n").unwrap();
+    let old = serde_json::json!({
+        "format": 1, "diff_id": diff_id(9), "blob_digest": null, "media_type": null,
+        "compression": "none", "size": 0, "compressed_size": 0, "entries": 1, "objects": 0,
+    });
+    std::fs::write(dir.join("layer.json"), old.to_string()).unwrap();
+    assert!(!store.has_layer_record(&diff_id(9)));
+    let err = store.layer_record(&diff_id(9)).unwrap_err().to_string();
+    assert!(err.contains("format 1"), "{err}");
+    // Importing the layer again puts a current record in its place.
+    add_layer(&store, &diff_id(9), &[b"again"]);
+    assert!(store.has_layer_record(&diff_id(9)));
+    assert!(!dir.join("dump").exists());
+    assert_eq!(store.layer_record_objects(&diff_id(9)).unwrap().len(), 1);
 }
