@@ -115,11 +115,7 @@ pub(crate) fn apply_layer(
     record: impl BufRead,
     layer: &str,
 ) -> Result<(), LayerError> {
-    let mut a = Applier {
-        tree: image,
-        upper: HashSet::new(),
-        budget: RESOLVE_BUDGET_BASE,
-    };
+    let mut a = Applier::new(image);
     let mut line = Vec::new();
     let mut record = record;
     let mut n = 0u64;
@@ -157,7 +153,7 @@ fn record_err(layer: &str, line: u64, reason: &str) -> LayerError {
     }
 }
 
-struct Applier<'t> {
+pub(crate) struct Applier<'t> {
     tree: &'t mut Tree,
     /// Resolved paths (no leading `/`) this layer has put something at, or
     /// below: whiteouts and opaque markers leave them alone.
@@ -166,7 +162,29 @@ struct Applier<'t> {
     budget: u64,
 }
 
-impl Applier<'_> {
+impl<'t> Applier<'t> {
+    /// Starts applying one layer onto `tree`.
+    pub(crate) fn new(tree: &'t mut Tree) -> Applier<'t> {
+        Applier {
+            tree,
+            upper: HashSet::new(),
+            budget: RESOLVE_BUDGET_BASE,
+        }
+    }
+
+    /// Applies one entry (as its record line says it) and says why not.
+    pub(crate) fn apply_entry(&mut self, path: &[u8], what: Line) -> Result<(), String> {
+        self.budget = self.budget.saturating_add(RESOLVE_BUDGET_PER_ENTRY);
+        self.apply(path, what).map_err(|f| match f {
+            Fail::Entry(r) | Fail::Record(r) => r,
+        })
+    }
+
+    /// The tree being built.
+    pub(crate) fn tree(&self) -> &Tree {
+        self.tree
+    }
+
     fn apply(&mut self, path: &[u8], what: Line) -> Result<(), Fail> {
         let Some(rel) = path.strip_prefix(b"/") else {
             return Err(Fail::Record(format!(

@@ -29,6 +29,7 @@ mod assemble;
 mod decompress;
 mod error;
 mod export;
+mod fuzz;
 mod layer;
 mod pax;
 mod scan;
@@ -44,5 +45,6 @@ pub use assemble::{
 pub use decompress::{compression_for_media_type, Compression};
 pub use error::LayerError;
 pub use export::{export_oci_layout, write_tar, ExportedImage};
+pub use fuzz::fuzz_apply;
 pub use layer::{has_layer, import_layer, LayerInfo, Limits};
 pub use scan::{scan_dir, ScanError, ScanOptions, ScanStats};
