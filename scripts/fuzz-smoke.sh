@@ -74,12 +74,16 @@ show_input() {
   fi
 }
 
-# Seeds, made from the composefs test vectors at run time (no binaries in
-# git): the dumpfiles for dump_parse, the images cairn writes from them for
-# erofs_read (random bytes rarely get past the superblock).
+# Seeds, made at run time (no binaries in git): from the composefs test
+# vectors, the dumpfiles for dump_parse and the images cairn writes from them
+# for erofs_read (random bytes rarely get past the superblock); small GNU tar
+# archives for tar_read.
 make_seeds() {
   local vectors=../shared/testdata/composefs cairn f name
-  [ -d "$vectors" ] || return 0
+  [ -d "$vectors" ] || {
+    make_tar_seeds
+    return 0
+  }
   mkdir -p fuzz/seeds/dump_parse fuzz/seeds/erofs_read
   cargo build --release -q -p cairn
   cairn="${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/release/cairn"
@@ -91,6 +95,30 @@ make_seeds() {
       rm -f "fuzz/seeds/erofs_read/$name.img"
   done
   echo "fuzz-smoke: seeds: $(find fuzz/seeds/dump_parse -type f | wc -l) dumpfiles, $(find fuzz/seeds/erofs_read -type f | wc -l) images"
+  make_tar_seeds
+}
+
+# Small archives in each format GNU tar writes (sparse ones included) for
+# tar_read: random bytes almost never pass a header checksum.
+make_tar_seeds() {
+  command -v tar >/dev/null || return 0
+  local src dst=fuzz/seeds/tar_read fmt
+  mkdir -p "$dst"
+  src=$(mktemp -d)
+  mkdir -p "$src/d/$(printf 'n%.0s' {1..90})"
+  printf 'hello\n' >"$src/d/f"
+  ln -s f "$src/d/s"
+  ln "$src/d/f" "$src/d/h"
+  printf 'data' | dd of="$src/sparse" bs=1 seek=20000 conv=notrunc 2>/dev/null
+  printf 'end' >>"$src/sparse"
+  for fmt in ustar gnu oldgnu v7 posix; do
+    tar -C "$src" --format=$fmt -cf "$dst/$fmt.tar" d 2>/dev/null || rm -f "$dst/$fmt.tar"
+  done
+  tar -C "$src" --format=gnu --sparse -cf "$dst/sparse-gnu.tar" sparse 2>/dev/null || true
+  for v in 0.0 0.1 1.0; do
+    tar -C "$src" --format=posix --sparse --sparse-version=$v -cf "$dst/sparse-$v.tar" sparse 2>/dev/null || true
+  done
+  rm -rf "$src"
 }
 [ "$seconds" -gt 0 ] && make_seeds
 

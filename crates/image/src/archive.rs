@@ -420,11 +420,7 @@ pub fn import_docker_archive(
     let mut members: HashMap<Vec<u8>, Member> = HashMap::new();
     let mut tar = TarReader::new(
         Seekable(BufReader::with_capacity(64 * 1024, open()?)),
-        TarLimits {
-            max_path: opts.limits.max_path,
-            max_pax_header: opts.limits.max_pax_header,
-            max_xattr_bytes: opts.limits.max_xattr_bytes,
-        },
+        TarLimits::from(&opts.limits),
     );
     loop {
         let e = match tar.next_entry() {

@@ -33,7 +33,10 @@
 //!   anything but a regular file or directory is an error, as it is for
 //!   the kernel.
 //! - Regular files of 1 to 64 bytes are kept in the record; larger ones are
-//!   stored as objects, sparse files with their holes.
+//!   stored as objects, sparse files with their holes (which cost neither
+//!   disk space nor, for the digest, time in proportion to their size; how
+//!   many a layer may have is [`Limits::max_hole_bytes`] and
+//!   [`Limits::max_sparse_segments`]).
 
 use std::collections::HashMap;
 use std::io::{BufReader, Read};
@@ -74,6 +77,15 @@ pub struct Limits {
     pub max_xattr_bytes: usize,
     /// Largest pax extended header or GNU long name (default 1 MiB).
     pub max_pax_header: usize,
+    /// Most segments the sparse files of a layer may list together
+    /// (default 65536). Each costs at least one block hash, whatever its
+    /// size; see the `tar` module's docs.
+    pub max_sparse_segments: u64,
+    /// Most bytes of holes (real size minus stored data) the sparse files
+    /// of a layer may declare together (default 8 GiB). Holes are free in
+    /// the tar stream but the kernel reads every byte of them when it
+    /// enables fs-verity, and so does anything that reads the file.
+    pub max_hole_bytes: u64,
 }
 
 impl Default for Limits {
@@ -85,6 +97,20 @@ impl Default for Limits {
             max_path: 4096,
             max_xattr_bytes: u16::MAX as usize / 2,
             max_pax_header: 1 << 20,
+            max_sparse_segments: 1 << 16,
+            max_hole_bytes: 8 << 30,
+        }
+    }
+}
+
+impl From<&Limits> for TarLimits {
+    fn from(l: &Limits) -> Self {
+        TarLimits {
+            max_path: l.max_path,
+            max_pax_header: l.max_pax_header,
+            max_xattr_bytes: l.max_xattr_bytes,
+            max_sparse_segments: l.max_sparse_segments,
+            max_hole_bytes: l.max_hole_bytes,
         }
     }
 }
@@ -190,11 +216,7 @@ pub fn import_layer(
         )?;
     let mut tar = TarReader::new(
         BufReader::with_capacity(64 * 1024, stream),
-        TarLimits {
-            max_path: limits.max_path,
-            max_pax_header: limits.max_pax_header,
-            max_xattr_bytes: limits.max_xattr_bytes,
-        },
+        TarLimits::from(limits),
     );
     let mut b =
         LayerBuilder::new(store).map_err(|e| store_err(&layer, "starting the layer record", e))?;
@@ -202,6 +224,8 @@ pub fn import_layer(
         let entry = match tar.next_entry() {
             Ok(Some(e)) => e,
             Ok(None) => break,
+            // A limit is about what parsed fine: no reason to read on.
+            Err(e) if matches!(e.kind, TarErrorKind::Limit(_)) => return Err(tar_err(&layer, e)),
             Err(e) => return Err(explain(&mut tar, compression, tar_err(&layer, e), &layer)),
         };
         b.entries += 1;

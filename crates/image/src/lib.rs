@@ -48,3 +48,12 @@ pub use export::{export_oci_layout, write_tar, ExportedImage};
 pub use fuzz::fuzz_apply;
 pub use layer::{has_layer, import_layer, LayerInfo, Limits};
 pub use scan::{scan_dir, ScanError, ScanOptions, ScanStats};
+
+/// Fuzzing oracle for the tar reader (the `tar_read` fuzz target): reads
+/// every entry of `data`, and all of its data, with the default
+/// [`Limits`], checking the reader's invariants. Errors are fine; a panic
+/// is a bug. Not part of the API.
+#[doc(hidden)]
+pub fn fuzz_tar(data: &[u8]) {
+    tar::fuzz_read(data)
+}

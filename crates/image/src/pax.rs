@@ -4,15 +4,23 @@
 //! (nanoseconds), xattrs (`SCHILY.xattr.*`, `LIBARCHIVE.xattr.*`) and the
 //! GNU sparse keys. Everything else is read past. No I/O here: the tar
 //! reader hands over the header's bytes, already capped in size.
+//!
+//! Limits: a record's length field has at most 20 digits and the record
+//! must fit in the bytes left, so no record is longer than the header;
+//! numbers have at most 20 digits and must fit in 64 bits. Sparse maps
+//! (0.0 offset/numbytes pairs, 0.1 `GNU.sparse.map`) keep at most the
+//! number of segments the caller allows; past that only the count goes on
+//! ([`Pax::sparse_excess`]), so the tar reader can report it with the
+//! entry's name.
 
 use std::collections::BTreeMap;
 
 use cairn_erofs::tree::Mtime;
 
-use crate::tar::{id32, MAX_SPARSE_SEGMENTS};
+use crate::tar::{id32, MAX_DIGITS};
 
 pub(crate) fn parse_decimal(s: &[u8]) -> Option<u64> {
-    if s.is_empty() || s.len() > 20 || !s.iter().all(u8::is_ascii_digit) {
+    if s.is_empty() || s.len() > MAX_DIGITS || !s.iter().all(u8::is_ascii_digit) {
         return None;
     }
     std::str::from_utf8(s).ok()?.parse().ok()
@@ -35,11 +43,15 @@ pub(crate) struct Pax {
     pub sparse_size: Option<u64>,
     /// Sparse map from formats 0.0 and 0.1.
     pub sparse_map: Option<Vec<(u64, u64)>>,
+    /// The number of sparse segments the header lists when that is more
+    /// than the caller allowed (the map is then not kept).
+    pub sparse_excess: Option<u64>,
 }
 
 impl Pax {
-    /// Parses `LEN KEY=VALUE\n` records, strictly.
-    pub(crate) fn parse(data: &[u8]) -> Result<Pax, String> {
+    /// Parses `LEN KEY=VALUE\n` records, strictly, keeping at most
+    /// `max_segments` sparse segments.
+    pub(crate) fn parse(data: &[u8], max_segments: u64) -> Result<Pax, String> {
         let mut pax = Pax::default();
         let mut offsets: Vec<u64> = Vec::new();
         let mut lengths: Vec<u64> = Vec::new();
@@ -75,7 +87,7 @@ impl Pax {
             if key.is_empty() {
                 return Err(format!("record at byte {pos}: empty key"));
             }
-            pax.apply(key, value, &mut offsets, &mut lengths)
+            pax.apply(key, value, max_segments, &mut offsets, &mut lengths)
                 .map_err(|r| {
                     format!(
                         "record at byte {pos} ({}): {r}",
@@ -84,7 +96,10 @@ impl Pax {
                 })?;
             pos += len as usize;
         }
-        if !offsets.is_empty() || !lengths.is_empty() {
+        if let Some(n) = pax.sparse_excess {
+            pax.sparse_map = None;
+            pax.sparse_excess = Some(n.max(offsets.len() as u64));
+        } else if !offsets.is_empty() || !lengths.is_empty() {
             if offsets.len() != lengths.len() {
                 return Err("GNU sparse 0.0 offsets and lengths do not pair up".into());
             }
@@ -97,6 +112,7 @@ impl Pax {
         &mut self,
         key: &[u8],
         value: &[u8],
+        max_segments: u64,
         offsets: &mut Vec<u64>,
         lengths: &mut Vec<u64>,
     ) -> Result<(), String> {
@@ -133,38 +149,45 @@ impl Pax {
             b"GNU.sparse.name" => self.sparse_name = Some(value.to_vec()),
             b"GNU.sparse.size" | b"GNU.sparse.realsize" => self.sparse_size = Some(num(value)?),
             b"GNU.sparse.numblocks" => {
-                if num(value)? > MAX_SPARSE_SEGMENTS as u64 {
-                    return Err(format!("more than {MAX_SPARSE_SEGMENTS} sparse segments"));
+                let n = num(value)?;
+                if n > max_segments {
+                    self.exceed(n);
                 }
             }
-            b"GNU.sparse.offset" => {
-                if offsets.len() >= MAX_SPARSE_SEGMENTS {
-                    return Err(format!("more than {MAX_SPARSE_SEGMENTS} sparse segments"));
+            b"GNU.sparse.offset" | b"GNU.sparse.numbytes" => {
+                let v = num(value)?;
+                let list = if key == b"GNU.sparse.offset" {
+                    offsets
+                } else {
+                    lengths
+                };
+                if list.len() as u64 >= max_segments {
+                    self.exceed(list.len() as u64 + 1);
+                } else {
+                    list.push(v);
                 }
-                offsets.push(num(value)?)
-            }
-            b"GNU.sparse.numbytes" => {
-                if lengths.len() >= MAX_SPARSE_SEGMENTS {
-                    return Err(format!("more than {MAX_SPARSE_SEGMENTS} sparse segments"));
-                }
-                lengths.push(num(value)?)
             }
             b"GNU.sparse.map" => {
-                let nums: Vec<u64> = if empty {
-                    Vec::new()
+                // Counted before it is parsed: the excess is not kept.
+                let values = if empty {
+                    0
                 } else {
-                    value
-                        .split(|&b| b == b',')
-                        .map(num)
-                        .collect::<Result<_, _>>()?
+                    value.iter().filter(|&&b| b == b',').count() as u64 + 1
                 };
-                if !nums.len().is_multiple_of(2) {
+                if !values.is_multiple_of(2) {
                     return Err("odd number of values in the sparse map".into());
                 }
-                if nums.len() / 2 > MAX_SPARSE_SEGMENTS {
-                    return Err(format!("more than {MAX_SPARSE_SEGMENTS} sparse segments"));
+                if values / 2 > max_segments {
+                    self.exceed(values / 2);
+                    self.sparse_map = None;
+                    return Ok(());
                 }
-                self.sparse_map = Some(nums.chunks(2).map(|c| (c[0], c[1])).collect());
+                let mut map = Vec::with_capacity((values / 2) as usize);
+                let mut nums = value.split(|&b| b == b',').map(num);
+                while let (Some(off), Some(len)) = (nums.next(), nums.next()) {
+                    map.push((off?, len?));
+                }
+                self.sparse_map = Some(map);
             }
             _ => {
                 if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
@@ -185,6 +208,12 @@ impl Pax {
             }
         }
         Ok(())
+    }
+}
+
+impl Pax {
+    fn exceed(&mut self, n: u64) {
+        self.sparse_excess = Some(self.sparse_excess.unwrap_or(0).max(n));
     }
 }
 
@@ -292,7 +321,7 @@ mod tests {
 
     #[test]
     fn pax_records() {
-        let p = Pax::parse(b"30 mtime=1633950376.123456789\n20 path=a/long/name\n").unwrap();
+        let p = Pax::parse(b"30 mtime=1633950376.123456789\n20 path=a/long/name\n", 16).unwrap();
         assert_eq!(
             p.mtime,
             Some(Mtime {
@@ -301,13 +330,13 @@ mod tests {
             })
         );
         assert_eq!(p.path.as_deref(), Some(&b"a/long/name"[..]));
-        assert!(Pax::parse(b"99 path=x\n").is_err());
-        assert!(Pax::parse(b"x path=x\n").is_err());
-        assert!(Pax::parse(b"9 path=x\n").is_ok());
-        assert!(Pax::parse(b"10 path=x\n").is_ok());
-        assert!(Pax::parse(b"11 path=x\n").is_err());
-        assert!(Pax::parse(b"12 path=xy\n").is_err());
-        assert!(Pax::parse(b"99999999999999999999999 path=x\n").is_err());
+        assert!(Pax::parse(b"99 path=x\n", 16).is_err());
+        assert!(Pax::parse(b"x path=x\n", 16).is_err());
+        assert!(Pax::parse(b"9 path=x\n", 16).is_ok());
+        assert!(Pax::parse(b"10 path=x\n", 16).is_ok());
+        assert!(Pax::parse(b"11 path=x\n", 16).is_err());
+        assert!(Pax::parse(b"12 path=xy\n", 16).is_err());
+        assert!(Pax::parse(b"99999999999999999999999 path=x\n", 16).is_err());
         assert_eq!(
             parse_pax_time(b"-1.5").unwrap(),
             Mtime {

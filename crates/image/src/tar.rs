@@ -15,6 +15,48 @@
 //! data is handed to the caller as it streams ([`TarReader::copy_data`]).
 //! Every error says where in the stream it happened and, once known, which
 //! entry. This module knows nothing about layers, whiteouts or the store.
+//!
+//! # Bounded work
+//!
+//! The input is untrusted, so every field has a limit and the work of
+//! reading a stream is linear in its bytes, whatever it declares:
+//!
+//! - A header is one block; numbers (octal or base-256) are at most 12
+//!   bytes and must fit in 64 bits.
+//! - Extension headers (`L`, `K`, `x`, `g`): at most
+//!   [`TarLimits::max_pax_header`] bytes each, checked before they are
+//!   read, and at most 16 in a row. A pax record's length field has at most
+//!   20 digits and the record must fit in what is left of the header, so a
+//!   record (a "line") is never longer than the header; decimal values
+//!   have at most 20 digits.
+//! - Paths and link targets: [`TarLimits::max_path`]; xattrs:
+//!   [`TarLimits::max_xattr_bytes`] per entry.
+//! - A declared size is never trusted for an allocation: data is skipped
+//!   or streamed in a fixed buffer, so a size larger than the stream only
+//!   reads to its end.
+//! - Sparse files (old GNU `S`, pax 0.0, 0.1 and 1.0) are where a few bytes
+//!   can declare a huge file. Their segments count against
+//!   [`TarLimits::max_sparse_segments`] and their holes (real size minus
+//!   stored data) against [`TarLimits::max_hole_bytes`], both summed over
+//!   the whole stream (a layer), and both checked as soon as the number is
+//!   read: before a map is read on, before any data. A GNU sparse 1.0 map
+//!   is parsed as it streams, one block at a time and each byte once; its
+//!   lines are numbers of at most 20 digits, so a longer line is an error
+//!   at its 21st byte, and the map may not run past the entry's data.
+//!
+//! Why the sparse limits are what they are: holes cost no bytes in the
+//! stream, but they cost work later. The fs-verity digest of a hole is
+//! cheap to compute (O(log n), `cairn_store::FsVerityHasher::update_zeros`),
+//! yet the kernel, when it enables fs-verity on the published object, reads
+//! and hashes every byte of the logical file (about a second per GiB), and
+//! anything that reads the file back (an export, a container) sees its full
+//! length. So the holes of one layer are capped at a size that costs a few
+//! seconds (default 8 GiB: a sparse database file of a few GB imports; a
+//! 1 TiB file of a few hundred bytes of tar does not). Each segment, in
+//! turn, costs at least one 4 KiB block hash (the block its data lands in)
+//! and about one more per level of the tree for the blocks that mix data
+//! and zeros, while taking as few as four bytes of a (compressible) map:
+//! 65536 segments per layer by default, under a second of hashing.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
@@ -27,8 +69,9 @@ use crate::pax::{parse_decimal, Pax};
 pub(crate) const BLOCK: u64 = 512;
 /// Most extension headers (`L`, `K`, `x`, `g`) allowed before one entry.
 const MAX_EXTENSION_HEADERS: usize = 16;
-/// Most segments a sparse file may list.
-pub(crate) const MAX_SPARSE_SEGMENTS: usize = 1 << 20;
+/// Most decimal digits of a number in a pax record or a GNU sparse 1.0
+/// map (`u64::MAX` has 20).
+pub(crate) const MAX_DIGITS: usize = 20;
 
 /// What the reader refuses to read.
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +82,11 @@ pub(crate) struct TarLimits {
     pub max_pax_header: usize,
     /// Largest total of xattr names and values on one entry.
     pub max_xattr_bytes: usize,
+    /// Most segments all the sparse files of the stream may list together.
+    pub max_sparse_segments: u64,
+    /// Most bytes of holes (real size minus stored data) all the sparse
+    /// files of the stream may declare together.
+    pub max_hole_bytes: u64,
 }
 
 /// Why the archive could not be read.
@@ -152,7 +200,16 @@ pub(crate) struct TarReader<R> {
     /// Data (and padding) of the current entry not yet consumed.
     pending: u64,
     done: bool,
+    /// Sparse segments and hole bytes of the entries so far (against
+    /// `max_sparse_segments` and `max_hole_bytes`).
+    sparse_segments: u64,
+    hole_bytes: u64,
+    /// The buffer `copy_data` reads into, allocated once.
+    buf: Vec<u8>,
 }
+
+/// Size of the buffer [`TarReader::copy_data`] streams data through.
+const COPY_BUFFER: usize = 256 * 1024;
 
 /// A piece of an entry's data.
 pub(crate) enum Chunk<'a> {
@@ -168,7 +225,30 @@ impl<R: TarSource> TarReader<R> {
             pos: 0,
             pending: 0,
             done: false,
+            sparse_segments: 0,
+            hole_bytes: 0,
+            buf: Vec::new(),
         }
+    }
+
+    /// Segments a sparse entry may still list.
+    fn segments_left(&self) -> u64 {
+        self.limits
+            .max_sparse_segments
+            .saturating_sub(self.sparse_segments)
+    }
+
+    /// Checks that `holes` more bytes of holes fit the limit.
+    fn check_holes(&self, real: u64, holes: u64) -> Result<(), String> {
+        let left = self.limits.max_hole_bytes.saturating_sub(self.hole_bytes);
+        if holes > left {
+            return Err(format!(
+                "sparse file of {real} bytes has at least {holes} bytes of holes; with the {} bytes of \
+                 holes before it that is more than the limit of {} bytes of holes per layer",
+                self.hole_bytes, self.limits.max_hole_bytes
+            ));
+        }
+        Ok(())
     }
 
     fn read_error(&self, e: io::Error, what: &str) -> TarError {
@@ -349,7 +429,7 @@ impl<R: TarSource> TarReader<R> {
                                     ),
                                 ));
                             }
-                            pax = Some(Pax::parse(&data).map_err(|r| {
+                            pax = Some(Pax::parse(&data, self.segments_left()).map_err(|r| {
                                 TarError::new(
                                     offset,
                                     TarErrorKind::Invalid(format!("malformed pax header: {r}")),
@@ -358,7 +438,7 @@ impl<R: TarSource> TarReader<R> {
                         }
                         _ => {
                             // Checked, then ignored (containerd and Go do the same).
-                            Pax::parse(&data).map_err(|r| {
+                            Pax::parse(&data, self.segments_left()).map_err(|r| {
                                 TarError::new(
                                     offset,
                                     TarErrorKind::Invalid(format!(
@@ -386,7 +466,6 @@ impl<R: TarSource> TarReader<R> {
         long_link: Option<Vec<u8>>,
         pax: Option<Pax>,
     ) -> Result<TarEntry, TarError> {
-        let offset = self.pos - BLOCK;
         let pax = pax.unwrap_or_default();
         let invalid = |r: String| TarError::new(first, TarErrorKind::Invalid(r));
         let format = h.format();
@@ -527,7 +606,12 @@ impl<R: TarSource> TarReader<R> {
             xattrs: pax.xattrs.clone(),
         };
 
-        // Sparse files.
+        // Sparse files. Segment and hole limits are checked as soon as the
+        // numbers are known, before a map or any data is read on.
+        let sparse_err = |r: String| with_path(TarError::new(first, TarErrorKind::Limit(r)));
+        if let Some(n) = pax.sparse_excess {
+            return Err(sparse_err(self.too_many_segments(n)));
+        }
         if typeflag == b'S' {
             if format != Format::Gnu {
                 return Err(with_path(invalid(
@@ -535,7 +619,7 @@ impl<R: TarSource> TarReader<R> {
                 )));
             }
             let (segments, real) = self
-                .read_gnu_sparse(h, offset)
+                .read_gnu_sparse(h, first, stored)
                 .map_err(|e| e.with_entry(&entry.path))?;
             entry.data_offset = self.pos;
             entry.size = real;
@@ -550,8 +634,12 @@ impl<R: TarSource> TarReader<R> {
             let real = pax.sparse_size.ok_or_else(|| {
                 with_path(invalid("GNU sparse 1.0 entry without a real size".into()))
             })?;
+            // The map is part of the stored bytes: at least this much is
+            // holes.
+            self.check_holes(real, real.saturating_sub(stored))
+                .map_err(sparse_err)?;
             let (segments, map_bytes) = self
-                .read_sparse_map_1_0(stored)
+                .read_sparse_map_1_0(first, stored)
                 .map_err(|e| e.with_entry(&entry.path))?;
             entry.stored = stored - map_bytes;
             entry.data_offset = self.pos;
@@ -565,12 +653,22 @@ impl<R: TarSource> TarReader<R> {
             entry.sparse = Some(segments);
         }
         if let Some(segments) = &entry.sparse {
-            check_sparse(segments, entry.size, entry.stored).map_err(|r| with_path(invalid(r)))?;
             if kind != EntryKind::Regular {
                 return Err(with_path(invalid(
                     "sparse map on a non-regular entry".into(),
                 )));
             }
+            let n = segments.len() as u64;
+            if n > self.segments_left() {
+                return Err(sparse_err(self.too_many_segments(n)));
+            }
+            // Holes before the map's consistency: the error a bomb gets
+            // names its size.
+            self.check_holes(entry.size, entry.size.saturating_sub(entry.stored))
+                .map_err(sparse_err)?;
+            check_sparse(segments, entry.size, entry.stored).map_err(|r| with_path(invalid(r)))?;
+            self.sparse_segments += n;
+            self.hole_bytes += entry.size - entry.stored;
         }
         self.pending = entry
             .stored
@@ -579,95 +677,159 @@ impl<R: TarSource> TarReader<R> {
         Ok(entry)
     }
 
-    /// Reads the sparse map of an old GNU sparse header and its extension
-    /// blocks; returns the segments and the real size.
+    fn too_many_segments(&self, n: u64) -> String {
+        format!(
+            "sparse map lists {n} segments; with the {} segments before it that is more than \
+             the limit of {} sparse segments per layer",
+            self.sparse_segments, self.limits.max_sparse_segments
+        )
+    }
+
+    /// Reads the sparse map of an old GNU sparse header (at `first`) and
+    /// its extension blocks; returns the segments and the real size. The
+    /// holes are checked against the limit before any extension block is
+    /// read, the segments as they come.
     fn read_gnu_sparse(
         &mut self,
         h: &Header<'_>,
-        offset: u64,
+        first: u64,
+        stored: u64,
     ) -> Result<(Vec<(u64, u64)>, u64), TarError> {
-        let invalid = |r: String| TarError::new(offset, TarErrorKind::Invalid(r));
+        let invalid = |r: String| TarError::new(first, TarErrorKind::Invalid(r));
+        let limit = |r: String| TarError::new(first, TarErrorKind::Limit(r));
+        let max = self.segments_left();
         let mut segments = Vec::new();
+        // Appends the segment at `at` of `block`; false at an empty slot.
         let push = |block: &[u8], at: usize, segments: &mut Vec<(u64, u64)>| {
-            let off = parse_octal_or_256(&block[at..at + 12], "sparse offset")?;
-            let len = parse_octal_or_256(&block[at + 12..at + 24], "sparse length")?;
+            let off = parse_octal_or_256(&block[at..at + 12], "sparse offset")
+                .map_err(TarErrorKind::Invalid)?;
+            let len = parse_octal_or_256(&block[at + 12..at + 24], "sparse length")
+                .map_err(TarErrorKind::Invalid)?;
             if off == 0 && len == 0 && block[at] == 0 {
                 return Ok(());
             }
-            if segments.len() >= MAX_SPARSE_SEGMENTS {
-                return Err(format!("more than {MAX_SPARSE_SEGMENTS} sparse segments"));
+            if segments.len() as u64 >= max {
+                return Err(TarErrorKind::Limit(String::new()));
             }
             segments.push((off, len));
             Ok(())
         };
-        for i in 0..4 {
-            push(h.0, 386 + i * 24, &mut segments).map_err(invalid)?;
-        }
         let real = h.number(483, 12, "real size").map_err(invalid)?;
+        self.check_holes(real, real.saturating_sub(stored))
+            .map_err(limit)?;
+        for i in 0..4 {
+            push(h.0, 386 + i * 24, &mut segments).map_err(|k| match k {
+                TarErrorKind::Limit(_) => limit(self.too_many_segments(segments.len() as u64 + 1)),
+                k => TarError::new(first, k),
+            })?;
+        }
         let mut extended = h.0[482] != 0;
         let mut block = [0u8; 512];
         while extended {
             let at = self.pos;
+            // Each extension block holds up to 21 segments; one that adds
+            // none still costs a block of the stream (linear work).
             self.read_exact(&mut block, "a GNU sparse extension header")?;
             for i in 0..21 {
-                push(&block, i * 24, &mut segments)
-                    .map_err(|r| TarError::new(at, TarErrorKind::Invalid(r)))?;
+                push(&block, i * 24, &mut segments).map_err(|k| match k {
+                    TarErrorKind::Limit(_) => limit(format!(
+                        "{} (extension block at byte {at})",
+                        self.too_many_segments(segments.len() as u64 + 1)
+                    )),
+                    TarErrorKind::Invalid(r) => {
+                        invalid(format!("{r} (extension block at byte {at})"))
+                    }
+                    k => TarError::new(at, k),
+                })?;
             }
             extended = block[504] != 0;
         }
         Ok((segments, real))
     }
 
-    /// Reads the map at the start of a GNU sparse 1.0 entry's data: decimal
-    /// numbers one per line (count, then offset and length pairs), padded to
-    /// a block. Returns the segments and the bytes the map took.
-    fn read_sparse_map_1_0(&mut self, stored: u64) -> Result<(Vec<(u64, u64)>, u64), TarError> {
+    /// Reads the map at the start of a GNU sparse 1.0 entry's data (the
+    /// entry starts at `first`, the data holds `stored` bytes): decimal
+    /// numbers one per line (count, then offset and length pairs), padded
+    /// to a block. Returns the segments and the bytes the map took.
+    ///
+    /// One block is read at a time and each byte looked at once; a line
+    /// is at most [`MAX_DIGITS`] digits (an error at the first byte past
+    /// them), the count is checked against the segment limit before the
+    /// pairs are read, and the map may not run past the entry's data.
+    fn read_sparse_map_1_0(
+        &mut self,
+        first: u64,
+        stored: u64,
+    ) -> Result<(Vec<(u64, u64)>, u64), TarError> {
+        let err = |r: String| TarError::new(first, TarErrorKind::Invalid(r));
         let start = self.pos;
-        let mut buf: Vec<u8> = Vec::new();
-        let mut numbers: Vec<u64> = Vec::new();
-        let mut need: Option<u64> = None;
-        let mut cursor = 0usize;
+        let mut line = [0u8; MAX_DIGITS];
+        let mut line_len = 0usize;
+        let mut line_at = start;
+        let mut count: Option<u64> = None;
+        let mut offset: Option<u64> = None;
+        let mut segments: Vec<(u64, u64)> = Vec::new();
+        let mut block = [0u8; 512];
         loop {
-            // Parse whole lines in what we have.
-            while let Some(nl) = buf[cursor..].iter().position(|&b| b == b'\n') {
-                let line = &buf[cursor..cursor + nl];
-                let v = parse_decimal(line).ok_or_else(|| {
-                    TarError::new(
-                        start,
-                        TarErrorKind::Invalid(format!(
-                            "GNU sparse 1.0 map: {:?} is not a number",
-                            String::from_utf8_lossy(line)
-                        )),
-                    )
-                })?;
-                cursor += nl + 1;
-                if need.is_none() {
-                    if v > MAX_SPARSE_SEGMENTS as u64 {
-                        return Err(TarError::new(
-                            start,
-                            TarErrorKind::Invalid(format!(
-                                "GNU sparse 1.0 map lists {v} segments (at most {MAX_SPARSE_SEGMENTS})"
-                            )),
-                        ));
-                    }
-                    need = Some(v * 2);
-                } else {
-                    numbers.push(v);
-                }
-                if need == Some(numbers.len() as u64) {
-                    let segments = numbers.chunks(2).map(|c| (c[0], c[1])).collect();
-                    return Ok((segments, buf.len() as u64));
-                }
+            let map_bytes = self.pos - start;
+            if map_bytes + BLOCK > stored {
+                return Err(err(format!(
+                    "GNU sparse 1.0 map (from byte {start}) runs past the entry's {stored} bytes of data"
+                )));
             }
-            if buf.len() as u64 + BLOCK > stored {
-                return Err(TarError::new(
-                    start,
-                    TarErrorKind::Invalid("GNU sparse 1.0 map runs past the entry's data".into()),
-                ));
-            }
-            let mut block = [0u8; 512];
+            let block_at = self.pos;
             self.read_exact(&mut block, "a GNU sparse 1.0 map")?;
-            buf.extend_from_slice(&block);
+            for (i, &b) in block.iter().enumerate() {
+                let at = block_at + i as u64;
+                if b != b'\n' {
+                    if !b.is_ascii_digit() {
+                        return Err(err(format!(
+                            "GNU sparse 1.0 map: byte {at} ({}) is not a digit",
+                            show_type(b)
+                        )));
+                    }
+                    if line_len == MAX_DIGITS {
+                        return Err(err(format!(
+                            "GNU sparse 1.0 map: the line at byte {line_at} is longer than \
+                             {MAX_DIGITS} digits"
+                        )));
+                    }
+                    line[line_len] = b;
+                    line_len += 1;
+                    continue;
+                }
+                let v = parse_decimal(&line[..line_len]).ok_or_else(|| {
+                    err(format!(
+                        "GNU sparse 1.0 map: the line at byte {line_at} ({:?}) is not a 64-bit number",
+                        String::from_utf8_lossy(&line[..line_len])
+                    ))
+                })?;
+                line_len = 0;
+                line_at = at + 1;
+                match (count, offset) {
+                    (None, _) => {
+                        if v > self.segments_left() {
+                            return Err(TarError::new(
+                                first,
+                                TarErrorKind::Limit(format!(
+                                    "GNU sparse 1.0 map at byte {start}: {}",
+                                    self.too_many_segments(v)
+                                )),
+                            ));
+                        }
+                        count = Some(v);
+                    }
+                    (Some(_), None) => offset = Some(v),
+                    (Some(_), Some(off)) => {
+                        segments.push((off, v));
+                        offset = None;
+                    }
+                }
+                if offset.is_none() && count == Some(segments.len() as u64) {
+                    // The rest of the block is padding.
+                    return Ok((segments, self.pos - start));
+                }
+            }
         }
     }
 
@@ -678,7 +840,9 @@ impl<R: TarSource> TarReader<R> {
         entry: &TarEntry,
         mut sink: impl FnMut(Chunk<'_>) -> Result<(), E>,
     ) -> Result<(), E> {
-        let mut buf = vec![0u8; 256 * 1024];
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; COPY_BUFFER];
+        }
         let mut cur = 0u64;
         let single = [(0u64, entry.stored)];
         let segments: &[(u64, u64)] = entry.sparse.as_deref().unwrap_or(&single);
@@ -688,8 +852,8 @@ impl<R: TarSource> TarReader<R> {
             }
             let mut left = len;
             while left > 0 {
-                let n = left.min(buf.len() as u64) as usize;
-                let got = match self.r.read(&mut buf[..n]) {
+                let n = left.min(self.buf.len() as u64) as usize;
+                let got = match self.r.read(&mut self.buf[..n]) {
                     Ok(0) => {
                         return Err(TarError::new(
                             self.pos,
@@ -712,7 +876,7 @@ impl<R: TarSource> TarReader<R> {
                 self.pos += got as u64;
                 self.pending -= got as u64;
                 left -= got as u64;
-                sink(Chunk::Data(&buf[..got]))?;
+                sink(Chunk::Data(&self.buf[..got]))?;
             }
             cur = off + len;
         }
@@ -730,6 +894,51 @@ impl<R: TarSource> TarReader<R> {
         self.pos += n;
         Ok(n)
     }
+}
+
+/// The fuzzing oracle behind [`crate::fuzz_tar`]: reads every entry of
+/// `data` and all of its data with the default limits and checks what the
+/// reader promises. Any input may be rejected; none may panic here or
+/// inside the reader.
+pub(crate) fn fuzz_read(data: &[u8]) {
+    let limits = TarLimits::from(&crate::Limits::default());
+    let mut tar = TarReader::new(io::BufReader::new(data), limits);
+    let len = data.len() as u64;
+    let (mut prev_end, mut holes, mut segments) = (0u64, 0u64, 0u64);
+    while let Ok(Some(e)) = tar.next_entry() {
+        assert!(prev_end <= e.offset && e.offset < e.data_offset && e.data_offset <= len);
+        assert!(!e.path.is_empty() && e.path.len() <= limits.max_path);
+        assert!(e.link.len() <= limits.max_path);
+        match &e.sparse {
+            None => assert_eq!(e.size, e.stored),
+            Some(s) => {
+                assert_eq!(e.kind, EntryKind::Regular);
+                assert!(e.stored <= e.size);
+                holes += e.size - e.stored;
+                segments += s.len() as u64;
+                assert!(holes <= limits.max_hole_bytes);
+                assert!(segments <= limits.max_sparse_segments);
+            }
+        }
+        let (mut stored, mut size) = (0u64, 0u64);
+        let copied = tar.copy_data::<TarError>(&e, |c| {
+            match c {
+                Chunk::Data(d) => {
+                    stored += d.len() as u64;
+                    size += d.len() as u64;
+                }
+                Chunk::Hole(n) => size = size.checked_add(n).expect("holes fit the size"),
+            }
+            Ok(())
+        });
+        if copied.is_err() {
+            break;
+        }
+        assert_eq!((stored, size), (e.stored, e.size));
+        prev_end = e.data_offset + e.stored;
+        assert!(tar.pos == prev_end && prev_end <= len);
+    }
+    assert!(tar.pos <= len);
 }
 
 fn padding(size: u64) -> u64 {

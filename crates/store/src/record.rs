@@ -258,15 +258,17 @@ impl ObjectStager {
     }
 
     /// Appends `len` zero bytes as a hole (no disk space where the
-    /// filesystem can).
-    pub fn hole(&mut self, mut len: u64) -> Result<(), StoreError> {
-        static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
-        self.len += len;
-        while len > 0 {
-            let n = len.min(ZEROS.len() as u64) as usize;
-            self.hasher.update(&ZEROS[..n]);
-            len -= n as u64;
-        }
+    /// filesystem can). Hashing a hole takes O(log len) time
+    /// ([`FsVerityHasher::update_zeros`]), so a hole costs nothing like
+    /// its length; what the largest hole may be is the caller's limit.
+    pub fn hole(&mut self, len: u64) -> Result<(), StoreError> {
+        self.len = self.len.checked_add(len).ok_or_else(|| {
+            self.tmp.err(
+                "extending object",
+                io::Error::new(io::ErrorKind::InvalidInput, "object size overflows 64 bits"),
+            )
+        })?;
+        self.hasher.update_zeros(len);
         self.hole_at_end = true;
         Ok(())
     }
