@@ -1427,6 +1427,17 @@ fn fixed_cases() -> Vec<(&'static str, Vec<Layer>)> {
             &[L(&[sym("./x/x", "./x")]), L(&[wh("x/x/run")])],
         ),
         case(
+            "a directory entry whose name is a symlink to a directory",
+            &[
+                L(&[dir("usr/lib").mode(0o700), sym("lib", "usr/lib")]),
+                L(&[dir("lib").mode(0o750)]),
+            ],
+        ),
+        case(
+            "a hardlink to a symlink",
+            &[L(&[sym("s", "dangling"), hard("h", "s")])],
+        ),
+        case(
             "a gzip layer whose mediaType says tar",
             &[Layer {
                 lying_media_type: true,
