@@ -474,6 +474,90 @@ fn privileged_import_debian_layers_match_umoci_and_share_the_base() {
     assert_ne!(report["image"], report2["image"]);
 }
 
+/// A merged-/usr Debian base (`bin`, `sbin`, `lib`, `lib64` symlinks into
+/// `usr/`, `var/run -> /run`), then a layer written as a raw tar (GNU tar,
+/// not umoci's repack, which never writes through a symlink) whose entries
+/// go through `lib/`, `bin/` and `var/run/`: a file, a hardlink, a whiteout.
+/// umoci resolves those parents through the symlinks; cairn must too.
+#[test]
+fn privileged_import_debian_merged_usr_writes_through_symlinks_match_umoci() {
+    require_root();
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-debian-usrmerge")
+        .tempdir()
+        .unwrap();
+    let work = dir.path();
+    let pkgs = debs(&["base-files", "busybox-static", "libc6", "tzdata"]);
+    let l = Layout::new(&work.join("layout"), "empty");
+    l.layer("empty", "deb", work, |r| {
+        for p in &pkgs[..3] {
+            run("dpkg-deb", &[os("-x"), p.as_os_str(), r.as_os_str()]);
+        }
+        // usrmerge by hand: each top-level directory's contents into usr/.
+        sh(&format!(
+            "cd {} && for d in bin sbin lib lib64; do \
+               mkdir -p usr/$d; if [ -d $d ] && [ ! -L $d ]; then cp -a $d/. usr/$d/; rm -rf $d; fi; \
+               ln -s usr/$d $d; done && \
+             rm -rf var/run && mkdir -p run && ln -s /run var/run",
+            r.display()
+        ));
+    });
+    l.layer("deb", "deb", work, |r| {
+        run("dpkg-deb", &[os("-x"), pkgs[3].as_os_str(), r.as_os_str()])
+    });
+    l.layer("deb", "deb", work, |r| {
+        fs::remove_dir_all(r.join("usr/share/doc")).unwrap();
+    });
+    // The raw layer, from a staging tree where lib/ and var/run/ are real
+    // directories, listed entry by entry (no parent directory entries).
+    let stage = work.join("stage");
+    let so = stage.join("lib/x86_64-linux-gnu");
+    fs::create_dir_all(&so).unwrap();
+    fs::create_dir_all(stage.join("var/run")).unwrap();
+    fs::create_dir_all(stage.join("bin")).unwrap();
+    write_pattern(&so.join("libcairn-test.so"), 5000, 11);
+    fs::hard_link(so.join("libcairn-test.so"), so.join("libcairn-test.so.1")).unwrap();
+    fs::write(so.join(".wh.libanl.so.1"), b"").unwrap();
+    fs::write(stage.join("var/run/cairn.pid"), b"4242\n").unwrap();
+    fs::write(stage.join("bin/cairn-tool"), b"#!/bin/sh\necho cairn\n").unwrap();
+    fs::set_permissions(
+        stage.join("bin/cairn-tool"),
+        fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let tar = work.join("through.tar");
+    sh(&format!(
+        "cd {} && tar --no-recursion --format=posix --numeric-owner --owner=0 --group=0 -cf {} \
+         lib/x86_64-linux-gnu/libcairn-test.so lib/x86_64-linux-gnu/libcairn-test.so.1 \
+         lib/x86_64-linux-gnu/.wh.libanl.so.1 var/run/cairn.pid bin/cairn-tool",
+        stage.display(),
+        tar.display()
+    ));
+    l.raw_layer("deb", &tar);
+
+    let store = work.join("store");
+    let report = import(&store, &oci_source(&l.dir, "deb"), &[]);
+    assert_eq!(layer_cached(&report), [false; 4]);
+    let reference = l.unpack("deb", &work.join("umoci"));
+    // Sanity: umoci wrote through the symlinks and kept them.
+    for link in ["bin", "sbin", "lib", "lib64", "var/run"] {
+        assert!(
+            fs::symlink_metadata(reference.join(link))
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "{link} should still be a symlink"
+        );
+    }
+    let libs = reference.join("usr/lib/x86_64-linux-gnu");
+    assert!(libs.join("libcairn-test.so").is_file());
+    assert!(libs.join("libc.so.6").is_file());
+    assert!(!libs.join("libanl.so.1").exists());
+    assert!(reference.join("run/cairn.pid").is_file());
+    assert!(reference.join("usr/bin/cairn-tool").is_file());
+    assert_mount_matches(&store, &report, &reference, &work.join("mnt"));
+}
+
 #[test]
 fn privileged_import_docker_archive_and_dir() {
     require_root();
