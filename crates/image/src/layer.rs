@@ -696,6 +696,9 @@ impl<'s> LayerBuilder<'s> {
                 if e.link.contains(&0) {
                     return Err("symlink target contains a NUL byte".into());
                 }
+                // A symlink's mode is 0777 on Linux whatever the header
+                // says (what any unpacker's symlink(2) gives).
+                inode.mode = S_IFLNK | 0o777;
                 inode.size = e.link.len() as u64;
                 inode.data = InodeData::Symlink(e.link.clone());
             }

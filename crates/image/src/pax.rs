@@ -1,7 +1,8 @@
 //! pax extended headers (POSIX.1-2001 `x` records): parsed strictly
 //! (every record's length must be exact, every number a number), with the
 //! keys OCI layers use: `path`, `linkpath`, `size`, `uid`, `gid`, `mtime`
-//! (nanoseconds), xattrs (`SCHILY.xattr.*`, `LIBARCHIVE.xattr.*`) and the
+//! (nanoseconds), xattrs (`SCHILY.xattr.*`; bsdtar's `LIBARCHIVE.xattr.*`
+//! is read past, as docker, containerd and umoci read past it) and the
 //! GNU sparse keys. Everything else is read past. No I/O here: the tar
 //! reader hands over the header's bytes, already capped in size.
 //!
@@ -194,15 +195,16 @@ impl Pax {
                     if name.is_empty() {
                         return Err("empty xattr name".into());
                     }
-                    self.xattrs.insert(name.to_vec(), value.to_vec());
-                } else if let Some(name) = key.strip_prefix(b"LIBARCHIVE.xattr.") {
-                    let name = percent_decode(name).ok_or("bad %-escape in the xattr name")?;
-                    if name.is_empty() {
-                        return Err("empty xattr name".into());
+                    // An empty value sets nothing: Go's archive/tar (so
+                    // docker, containerd and umoci) reads a pax record
+                    // with an empty value as no record.
+                    if !empty {
+                        self.xattrs.insert(name.to_vec(), value.to_vec());
                     }
-                    let value = base64_decode(value).ok_or("xattr value is not base64")?;
-                    self.xattrs.insert(name, value);
                 }
+                // `LIBARCHIVE.xattr.*` (bsdtar's base64 form, which it
+                // writes next to `SCHILY.xattr.*`) is read past, as the
+                // Go-based unpackers read past it: one image, one tree.
                 // Everything else (atime, ctime, uname, gname, comment,
                 // hdrcharset, vendor keys) says nothing cairn keeps.
             }

@@ -3,7 +3,7 @@
 //!
 //! It reads POSIX ustar and pax (`x` extended headers, with `path`,
 //! `linkpath`, `size`, `uid`, `gid`, `mtime` with nanoseconds,
-//! `SCHILY.xattr.*`, `LIBARCHIVE.xattr.*`), GNU tar (long names `L`, long
+//! `SCHILY.xattr.*`), GNU tar (long names `L`, long
 //! link names `K`, base-256 numbers, old sparse files `S`), the three GNU pax
 //! sparse formats (0.0, 0.1 and 1.0) and old v7 archives. Global pax headers
 //! (`g`) are checked and ignored, as containerd does. Entry types other than

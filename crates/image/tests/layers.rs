@@ -212,7 +212,9 @@ fn pax_xattrs_long_names_and_times() {
     let e = entries(&image_tree(&s, &img));
     let x = &e["/x"];
     assert_eq!(x.xattrs[&b"user.greeting"[..]], b"hello");
-    assert_eq!(x.xattrs[&b"user.b64=name"[..]], b"hi");
+    // bsdtar's own xattr records are read past, as the Go-based
+    // unpackers (docker, containerd, umoci) read past them.
+    assert!(!x.xattrs.contains_key(&b"user.b64=name"[..]));
     assert_eq!(
         x.xattrs[&b"trusted.cairn.layer.implicit"[..]],
         b"spoof",
