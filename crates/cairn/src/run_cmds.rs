@@ -284,7 +284,8 @@ pub fn rewrite_volume_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsS
     out
 }
 
-fn paths(g: &Global) -> Paths {
+/// Where the containers of the store at `--root` keep their state.
+pub(crate) fn paths(g: &Global) -> Paths {
     match &g.runroot {
         Some(run) => Paths::with_runroot(&g.root, run),
         None if g.root == Path::new(crate::DEFAULT_ROOT) => {

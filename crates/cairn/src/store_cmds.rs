@@ -45,11 +45,11 @@ pub enum StoreCommand {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Check every object, image, layer record and ref; report every problem.
+    /// Check every object, image, layer record and ref, and that the store and the run root are private (0700); report every problem.
     ///
     /// Exits non-zero when a problem is found, or with --repair when one is left.
     Fsck {
-        /// Remove what is corrupt (and names of images that are gone), so the next pull fetches it again.
+        /// Remove what is corrupt (and names of images that are gone), so the next pull fetches it again; make the store and the run root private.
         #[arg(long)]
         repair: bool,
     },
@@ -675,9 +675,16 @@ struct ProblemOut {
 
 fn fsck(g: &Global, repair: bool) -> Result<()> {
     let store = if repair { open(g)? } else { open_existing(g)? };
-    let r = store
-        .fsck(&cairn_store::FsckOptions { repair, threads: 0 })
-        .context("checking the store")?;
+    // The containers' run root holds their records and crun's state: it
+    // must be as private as the store.
+    let paths = crate::run_cmds::paths(g);
+    let private_dirs = [paths.runroot()];
+    let opts = cairn_store::FsckOptions {
+        repair,
+        threads: 0,
+        private_dirs: &private_dirs,
+    };
+    let r = store.fsck(&opts).context("checking the store")?;
     let out = FsckOut {
         objects: r.objects,
         object_bytes: r.object_bytes,
@@ -715,7 +722,7 @@ fn fsck(g: &Global, repair: bool) -> Result<()> {
     })?;
     if !r.is_clean() && !repair {
         bail!(
-            "{} problem(s) in the store at {}; `cairn fsck --repair` removes what is broken",
+            "{} problem(s) in the store at {}; `cairn fsck --repair` removes what is broken and makes private what lets other users in",
             r.problems.len(),
             g.root.display()
         );
@@ -725,7 +732,7 @@ fn fsck(g: &Global, repair: bool) -> Result<()> {
         let again = store
             .fsck(&cairn_store::FsckOptions {
                 repair: false,
-                threads: 0,
+                ..opts
             })
             .context("checking the store after repairing it")?;
         if !again.is_clean() {

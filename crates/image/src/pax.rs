@@ -265,58 +265,6 @@ fn parse_pax_time(v: &[u8]) -> Result<Mtime, String> {
     })
 }
 
-fn percent_decode(s: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        if s[i] == b'%' {
-            let h = std::str::from_utf8(s.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(h, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(s[i]);
-            i += 1;
-        }
-    }
-    Some(out)
-}
-
-/// Standard base64 with optional padding.
-fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
-    let val = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    };
-    let s = match s.iter().position(|&b| b == b'=') {
-        Some(p) => {
-            if !s[p..].iter().all(|&b| b == b'=') || !s.len().is_multiple_of(4) {
-                return None;
-            }
-            &s[..p]
-        }
-        None => s,
-    };
-    if s.len() % 4 == 1 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    for chunk in s.chunks(4) {
-        let mut acc = 0u32;
-        for (i, &c) in chunk.iter().enumerate() {
-            acc |= val(c)? << (18 - 6 * i);
-        }
-        let bytes = acc.to_be_bytes();
-        out.extend_from_slice(&bytes[1..chunk.len()]);
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,14 +294,5 @@ mod tests {
                 nsec: 500_000_000
             }
         );
-    }
-
-    #[test]
-    fn base64() {
-        assert_eq!(base64_decode(b"aGVsbG8=").unwrap(), b"hello");
-        assert_eq!(base64_decode(b"aGVsbG8").unwrap(), b"hello");
-        assert_eq!(base64_decode(b"").unwrap(), b"");
-        assert!(base64_decode(b"a").is_none());
-        assert!(base64_decode(b"a=b=").is_none());
     }
 }

@@ -352,6 +352,9 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         state::validate_name(name)?;
     }
     let store = Store::open(paths.root())?;
+    // A store made wider (or by an older cairn) is private again from its
+    // first container on; the run root is made private with the record.
+    store.make_private_or_warn();
     // Held until crun has attached the rootfs (and so shows it in a mount
     // table, where gc looks): gc cannot remove the image in between.
     let store_lock = store.lock_shared()?;
@@ -430,10 +433,10 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
     // On disk, after the record that makes the reaper remove it: what a
     // container keeps or writes for later (only some have any).
     if spec.detach || spec.keep || matches!(spec.upper, UpperChoice::Disk { .. }) {
-        fs::create_dir_all(&data).map_err(|e| fail(&st, RunError::io("creating", &data, e)))?;
+        paths.create_data_dir(&id).map_err(|e| fail(&st, e))?;
         if spec.keep {
             let marker = data.join(KEEP_MARKER);
-            fs::write(&marker, format!("{}\n", st.name))
+            state::write_private(&marker, format!("{}\n", st.name).as_bytes())
                 .map_err(|e| fail(&st, RunError::io("writing", &marker, e)))?;
         }
     }

@@ -43,12 +43,12 @@
 //! # State
 //!
 //! ```text
-//! <root>/listeners/
+//! <root>/listeners/    mode 0700 (the store is private)
 //! ├── <id>/            64 hex digits
 //! │   ├── lock         flock'ed by the proxy for its whole life
-//! │   ├── listen.json  ListenState (tmp + rename)
+//! │   ├── listen.json  ListenState (tmp + rename), mode 0600
 //! │   ├── stop         written by `cairn stop` before it signals the proxy
-//! │   └── proxy.log    the proxy's own messages
+//! │   └── proxy.log    the proxy's own messages, mode 0600
 //! └── names/<name> → <id>
 //! ```
 //!
@@ -67,6 +67,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -212,7 +213,7 @@ fn write_state(dir: &Path, st: &ListenState) -> Result<(), RunError> {
     let path = dir.join("listen.json");
     let tmp = dir.join(".listen.json.tmp");
     let data = serde_json::to_vec_pretty(st).expect("listen state serializes");
-    fs::write(&tmp, data)
+    state::write_private(&tmp, &data)
         .and_then(|()| fs::rename(&tmp, &path))
         .map_err(|e| io_err("writing", &path, e))
 }
@@ -436,6 +437,7 @@ pub fn start_listener(paths: &Paths, spec: &ListenSpec) -> Result<Listening, Run
     // Check the image before forking anything (errors show here, not in
     // the proxy's log at the first connection).
     let store = cairn_store::Store::open(paths.root())?;
+    store.make_private_or_warn();
     let resolved = store.resolve_image(&spec.run.image)?;
     if resolved.digest.is_none() {
         return Err(RunError::Invalid(format!(
@@ -446,6 +448,7 @@ pub fn start_listener(paths: &Paths, spec: &ListenSpec) -> Result<Listening, Run
     drop(store);
 
     let base = listeners_dir(paths);
+    cairn_store::create_private_dir(&base, false).map_err(|e| io_err("creating", &base, e))?;
     let names = names_dir(paths);
     fs::create_dir_all(&names).map_err(|e| io_err("creating", &names, e))?;
     let dir = base.join(&id);
@@ -695,6 +698,7 @@ impl Proxy {
             let logf = OpenOptions::new()
                 .create(true)
                 .append(true)
+                .mode(cairn_store::PRIVATE_FILE_MODE)
                 .open(&log_path)
                 .map_err(|e| io_err("opening", &log_path, e))?;
             let null = File::open("/dev/null")

@@ -12,6 +12,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
@@ -85,6 +86,7 @@ fn monitor(
         let log = OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(cairn_store::PRIVATE_FILE_MODE)
             .open(&log_path)
             .map_err(|e| RunError::io("opening", &log_path, e))?;
         let null = File::open("/dev/null").map_err(|e| RunError::io("opening", "/dev/null", e))?;

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! <runroot>/                runtime state (`--runroot`): /run/cairn for the
-//! │                         default store, <root>/run for another one
+//! │                         default store, <root>/run for another one;
+//! │                         mode 0700, as the store is private (below)
 //! ├── containers/
 //! │   ├── <id>/             the record; 64 hex digits
 //! │   │   ├── lock          flock'ed exclusively by the container's monitor
@@ -23,7 +24,8 @@
 //!                           mounted into /etc), with the overlay on its rootfs/
 //!
 //! <root>/containers/<id>/   data, only for containers that have some
-//! ├── ctr.log               stdout+stderr of a detached container
+//! │                         (<root>/containers/ is mode 0700)
+//! ├── ctr.log               stdout+stderr of a detached container (0600)
 //! ├── keep                  --keep: the upper stays when the record goes
 //! ├── upper/ work/          --upper disk
 //! ├── upper.img             --upper disk:SIZE: the sparse ext4 file behind upperfs/
@@ -41,6 +43,13 @@
 //! logs) is in the store; data without a record is removed by the reaper,
 //! kept uppers excepted. Every command on a store must use the same run
 //! root (as with podman's `--runroot`).
+//!
+//! Both are private (see `cairn_store`'s `private` module): the run root
+//! and `<root>/containers/` are mode 0700, made so (or narrowed) by every
+//! container start; records and logs are 0600. Nothing there is for other
+//! users: the console sockets are crun's (root's), the on-demand listeners
+//! take TCP connections, and a container reaches its rootfs and upper only
+//! through the overlay, which reads them with root's credentials.
 //!
 //! "Is this container alive?" is answered by the lock, not by a pid: the
 //! kernel drops a `flock` when its holder dies however it dies, so a
@@ -129,6 +138,47 @@ impl Paths {
     pub fn userns_conf(&self) -> PathBuf {
         self.root.join("userns.conf")
     }
+
+    /// Makes the run root private (0700): creates it so if missing, narrows
+    /// it if it lets other users in. One `stat` when it is private already.
+    pub fn make_runroot_private(&self) -> Result<(), RunError> {
+        match cairn_store::ensure_private_dir(&self.run) {
+            Ok(Some(mode)) => {
+                tracing::info!(
+                    "{}: mode {mode:04o} let other users in; now {:04o}",
+                    self.run.display(),
+                    cairn_store::PRIVATE_DIR_MODE
+                );
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(io_err("making private", &self.run, e)),
+        }
+    }
+
+    /// Creates `<root>/containers/<id>/` (and `<root>/containers/`, 0700,
+    /// if missing).
+    pub(crate) fn create_data_dir(&self, id: &str) -> Result<PathBuf, RunError> {
+        let dirs = self.data_dirs();
+        cairn_store::create_private_dir(&dirs, false).map_err(|e| io_err("creating", &dirs, e))?;
+        let data = self.data_dir(id);
+        fs::create_dir_all(&data).map_err(|e| io_err("creating", &data, e))?;
+        Ok(data)
+    }
+}
+
+/// Writes `data` to `path`, created mode 0600 (callers then rename it into
+/// place, so it is new each time; one left over by a crash of an older
+/// cairn keeps its mode, inside the private run root).
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> io::Result<()> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(cairn_store::PRIVATE_FILE_MODE)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)?
+        .write_all(data)
 }
 
 /// Where a container is in its life.
@@ -285,8 +335,10 @@ fn io_err(what: &str, path: &Path, e: io::Error) -> RunError {
     }
 }
 
-/// Makes `<containers>/<id>/` with its lock held by us.
+/// Makes `<containers>/<id>/` with its lock held by us (and the run root,
+/// private, if missing).
 pub fn create_dir(paths: &Paths, id: &str) -> Result<Locked, RunError> {
+    paths.make_runroot_private()?;
     let containers = paths.containers();
     for d in [containers.clone(), paths.names(), paths.userns()] {
         fs::create_dir_all(&d).map_err(|e| io_err("creating", &d, e))?;
@@ -368,9 +420,7 @@ pub fn write_state(dir: &Path, state: &State) -> Result<(), RunError> {
     let next = dir.join(STATE_NEXT);
     let data = serde_json::to_vec_pretty(state).expect("state serializes");
     let write = || -> io::Result<()> {
-        let mut f = File::create(&next)?;
-        f.write_all(&data)?;
-        drop(f);
+        write_private(&next, &data)?;
         match fs::remove_file(&path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
             _ => {}

@@ -1,7 +1,14 @@
 //! Checking the store: every object re-hashed against its name, every image
 //! against its digest and parsed, every object an image or layer record
-//! uses present and whole, every ref pointing at a sound image. Every
-//! problem is reported, not just the first.
+//! uses present and whole, every ref pointing at a sound image, and no
+//! directory of the store (or of its run root) that lets other users in.
+//! Every problem is reported, not just the first.
+//!
+//! Permissions are checked on the directories that make the store private
+//! (the root and those directly below it, see `private`, plus what the
+//! caller adds: `cairn fsck` adds the run root), not on each object: those
+//! directories are the barrier, and an object's mode carries nothing of
+//! the file it backs.
 //!
 //! With `repair`, what is broken is removed so that the next pull or import
 //! fetches it again: corrupt objects; images whose bytes do not match their
@@ -10,7 +17,7 @@
 //! cache would keep claiming the layer); refs that hold no digest or point
 //! at an image that is missing or removed. The store invariant, "a ref
 //! points only at images whose objects are all present", holds again
-//! afterwards.
+//! afterwards. Directories that let other users in are narrowed to 0700.
 //!
 //! Locking: a check takes the store lock shared (imports may run; gc waits,
 //! so nothing vanishes under the check); a repair takes it exclusive.
@@ -21,6 +28,7 @@ use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -32,16 +40,23 @@ use crate::{Store, StoreError};
 
 /// What [`Store::fsck`] does.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct FsckOptions {
+pub struct FsckOptions<'a> {
     /// Remove what is broken (see the module docs).
     pub repair: bool,
     /// Threads re-hashing objects; 0 for one per CPU.
     pub threads: usize,
+    /// Directories outside the store that must be private as well (a
+    /// container run root); checked and repaired as the store's own.
+    pub private_dirs: &'a [&'a Path],
 }
 
 /// One thing wrong with the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Problem {
+    /// A directory that must be private (mode 0700) lets other users in.
+    WideDirectory { path: PathBuf, mode: u32 },
+    /// The mode of a directory that must be private cannot be read.
+    UncheckedDirectory { path: PathBuf, reason: String },
     /// The object's content does not hash to its name.
     CorruptObject { id: ObjectId, actual: ObjectId },
     /// The object cannot be read, or is not a regular file.
@@ -102,6 +117,8 @@ impl Problem {
     /// A short, stable name of the kind of problem (for JSON).
     pub fn kind(&self) -> &'static str {
         match self {
+            Problem::WideDirectory { .. } => "wide-directory",
+            Problem::UncheckedDirectory { .. } => "unchecked-directory",
             Problem::CorruptObject { .. } => "corrupt-object",
             Problem::UnreadableObject { .. } => "unreadable-object",
             Problem::ImageDigestMismatch { .. } => "image-digest-mismatch",
@@ -124,6 +141,15 @@ impl Problem {
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Problem::WideDirectory { path, mode } => write!(
+                f,
+                "{}: mode {mode:04o} lets other users in (the store is private: {:04o})",
+                path.display(),
+                crate::PRIVATE_DIR_MODE
+            ),
+            Problem::UncheckedDirectory { path, reason } => {
+                write!(f, "{}: cannot check its mode: {reason}", path.display())
+            }
             Problem::CorruptObject { id, actual } => {
                 write!(f, "object {id}: content hashes to {actual}")
             }
@@ -190,6 +216,8 @@ impl fmt::Display for Problem {
 /// What a repair removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Repair {
+    /// The directory was narrowed to 0700 from the mode given.
+    MadePrivate(PathBuf, u32),
     RemovedObject(ObjectId),
     RemovedImage(String),
     RemovedLayer(String),
@@ -199,6 +227,12 @@ pub enum Repair {
 impl fmt::Display for Repair {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Repair::MadePrivate(path, mode) => write!(
+                f,
+                "made {} private (mode {:04o}, was {mode:04o})",
+                path.display(),
+                crate::PRIVATE_DIR_MODE
+            ),
             Repair::RemovedObject(id) => write!(f, "removed object {id}"),
             Repair::RemovedImage(d) => write!(f, "removed image {d}"),
             Repair::RemovedLayer(n) => write!(f, "removed layer {n}"),
@@ -215,7 +249,7 @@ pub struct FsckReport {
     pub images: u64,
     pub layers: u64,
     pub refs: u64,
-    /// Every problem, objects first, then images, layers, refs.
+    /// Every problem: directories first, then objects, images, layers, refs.
     pub problems: Vec<Problem>,
     /// What the repair removed (empty without `repair`).
     pub repairs: Vec<Repair>,
@@ -231,13 +265,33 @@ impl Store {
     /// Checks (and with `opts.repair` repairs) the whole store; see the
     /// module docs. Problems are in the report; an `Err` means the check
     /// itself could not run (e.g. `objects/` cannot be listed).
-    pub fn fsck(&self, opts: &FsckOptions) -> Result<FsckReport, StoreError> {
+    pub fn fsck(&self, opts: &FsckOptions<'_>) -> Result<FsckReport, StoreError> {
         let _lock = if opts.repair {
             self.lock_exclusive()?
         } else {
             self.lock_shared()?
         };
         let mut report = FsckReport::default();
+
+        // Directories that must be private.
+        let mut wide_dirs = Vec::new();
+        let dirs = self
+            .private_dirs()
+            .into_iter()
+            .chain(opts.private_dirs.iter().map(|d| d.to_path_buf()));
+        for path in dirs {
+            match crate::wide_mode(&path) {
+                Ok(None) => {}
+                Ok(Some(mode)) => {
+                    wide_dirs.push(path.clone());
+                    report.problems.push(Problem::WideDirectory { path, mode });
+                }
+                Err(e) => report.problems.push(Problem::UncheckedDirectory {
+                    path,
+                    reason: describe(&e),
+                }),
+            }
+        }
 
         // Objects.
         let mut ids = Vec::new();
@@ -346,6 +400,13 @@ impl Store {
         }
 
         if opts.repair {
+            for dir in wide_dirs {
+                if let Some(mode) = crate::make_dir_private(&dir)
+                    .map_err(|e| StoreError::io("making private", &dir, &self.root, e))?
+                {
+                    report.repairs.push(Repair::MadePrivate(dir, mode));
+                }
+            }
             // Refs first: at no moment does a ref point at a removed image.
             for name in bad_refs {
                 if self.remove_ref(&name)? {

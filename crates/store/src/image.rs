@@ -152,7 +152,7 @@ impl ImageWriter {
         file.sync_all()
             .map_err(|e| self.tmp.err("syncing image", e))?;
         let digest = sha256_of(file).map_err(|e| self.tmp.err("reading image", e))?;
-        file.set_permissions(fs::Permissions::from_mode(0o644))
+        file.set_permissions(fs::Permissions::from_mode(crate::PRIVATE_FILE_MODE))
             .map_err(|e| self.tmp.err("setting mode of image", e))?;
         self.tmp.close();
         let dest = self.images_dir.join(&digest);

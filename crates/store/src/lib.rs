@@ -5,7 +5,8 @@
 //! # On disk
 //!
 //! ```text
-//! <root>/                 default /var/lib/cairn
+//! <root>/                 default /var/lib/cairn; mode 0700, as is every
+//! │                       directory directly below it (see `private`)
 //! ├── objects/
 //! │   └── ab/
 //! │       └── cdef…       file contents, named by the fs-verity SHA-256 digest
@@ -13,15 +14,20 @@
 //! │                       directory, as composefs does); mode 0644, sealed with
 //! │                       fs-verity where the kernel can; never modified
 //! ├── images/
-//! │   └── <sha256>        EROFS metadata images, named by the SHA-256 of the file
-//! ├── layers/             per-layer records (a later issue)
+//! │   └── <sha256>        EROFS metadata images, named by the SHA-256 of the
+//! │                       file; mode 0600 (small files are inlined in them)
+//! ├── layers/             per-layer records (`record`), mode 0600
 //! ├── refs/
-//! │   └── <name>          "<image sha256>\n"; replaced atomically
+//! │   └── <name>          "<image sha256>\n"; replaced atomically; mode 0600
 //! ├── tmp/
 //! │   └── s.<pid>.<t>.<n>/  one staging directory per open Store, flock'ed
 //! │       └── o.<n> …       while it lives; files are written here first
 //! └── lock                flock(2) target for the store lock
 //! ```
+//!
+//! The store is private: nobody but its owner can list it or read anything
+//! in it (the `private` module says how, and how containers still read
+//! their files as their images' modes allow).
 //!
 //! # Invariants
 //!
@@ -38,6 +44,9 @@
 //!   and no staged file behind.
 //! - Kernel fs-verity is probed at run time; without it everything works
 //!   and digests are checked in userspace.
+//! - The root and the directories below it are mode 0700; a store found
+//!   wider is narrowed by its next write ([`Store::make_private`]) and
+//!   reported by [`Store::fsck`].
 //! - Every writer (import, pull, `mkfs --store`, tag, mount) holds the store
 //!   lock shared for its whole operation, from its first lookup or write to
 //!   the ref or mount that makes its result reachable; [`Store::gc`] holds
@@ -52,7 +61,8 @@
 //!
 //! `verity` computes digests (pure), `object` publishes objects, `image`
 //! images, `refs` refs, `lock` the store lock, `tmp` owns staging, `kernel`
-//! probes and enables fs-verity, `sys` holds the crate's only `unsafe`.
+//! probes and enables fs-verity, `private` keeps the store's modes,
+//! `sys` holds the crate's only `unsafe`.
 //! `resolve` turns what a user types into an image, `graph` reads what
 //! keeps what alive, `mounts` finds live mounts, and `gc`, `fsck` and
 //! `usage` walk that graph to collect garbage, check and repair, and
@@ -69,6 +79,7 @@ mod kernel;
 mod lock;
 mod mounts;
 mod object;
+mod private;
 mod record;
 mod refs;
 mod resolve;
@@ -79,7 +90,7 @@ mod verity;
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -92,6 +103,10 @@ pub use kernel::VeritySupport;
 pub use lock::{LockKind, StoreLock};
 pub use mounts::LiveMount;
 pub use object::{ObjectBatch, Objects};
+pub use private::{
+    create_private_dir, ensure_private_dir, make_dir_private, wide_mode, PRIVATE_DIRS,
+    PRIVATE_DIR_MODE, PRIVATE_FILE_MODE,
+};
 pub use record::{
     image_name_for, is_diff_id, ref_name_for, ImageRecord, ImageRecordLayer, LayerRecord,
     LayerRecordWriter, ObjectStager, StagedObject, LAYER_ENTRIES_FILE, LAYER_FORMAT,
@@ -122,15 +137,19 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens the store at `root`, creating it and its layout (mode 0755
+    /// Opens the store at `root`, creating it and its layout (mode 0700
     /// directories, the lock file) where missing, and removes stale `tmp/`
-    /// debris of writers that are gone.
+    /// debris of writers that are gone. The modes of what exists are left
+    /// alone: a store is narrowed by its first write
+    /// ([`make_private`](Self::make_private)).
     pub fn open(root: &Path) -> Result<Store, StoreError> {
         let root = std::path::absolute(root)
             .map_err(|e| StoreError::io("resolving store root", root, root, e))?;
-        create_dir_0755(&root, &root, true)?;
+        create_private_dir(&root, true).map_err(|e| StoreError::io("creating", &root, &root, e))?;
         for dir in LAYOUT_DIRS {
-            create_dir_0755(&root.join(dir), &root, false)?;
+            let dir = root.join(dir);
+            create_private_dir(&dir, false)
+                .map_err(|e| StoreError::io("creating", &dir, &root, e))?;
         }
         let lock = root.join("lock");
         if fs::symlink_metadata(&lock).is_err() {
@@ -138,7 +157,7 @@ impl Store {
                 .write(true)
                 .create(true)
                 .truncate(false)
-                .mode(0o644)
+                .mode(PRIVATE_FILE_MODE)
                 .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
                 .open(&lock)
                 .map_err(|e| StoreError::io("creating lock file", &lock, &root, e))?;
@@ -208,29 +227,17 @@ impl Store {
             .clone()
     }
 
-    /// This Store's staging directory, made and locked on first use.
+    /// This Store's staging directory, made and locked on first use, when
+    /// the store is also made private (its first write).
     pub(crate) fn staging(&self) -> Result<Arc<Staging>, StoreError> {
         let mut slot = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = &*slot {
             return Ok(Arc::clone(s));
         }
+        self.make_private_or_warn();
         let s = Staging::create(&self.root)?;
         *slot = Some(Arc::clone(&s));
         Ok(s)
-    }
-}
-
-/// Creates `dir` with mode 0755 (whatever the umask) if it is missing;
-/// `all` also creates missing parents (for the root).
-fn create_dir_0755(dir: &Path, root: &Path, all: bool) -> Result<(), StoreError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    match fs::DirBuilder::new().recursive(all).mode(0o755).create(dir) {
-        Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
-            .map_err(|e| StoreError::io("setting mode of", dir, root, e)),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
-        Err(e) => Err(StoreError::io("creating", dir, root, e)),
     }
 }
 

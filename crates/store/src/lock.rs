@@ -53,7 +53,7 @@ impl Store {
                 .read(true)
                 .write(create)
                 .create(create)
-                .mode(0o644)
+                .mode(crate::PRIVATE_FILE_MODE)
                 .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
                 .open(&path)
         };

@@ -411,7 +411,7 @@ fn write_new_file(path: &Path, data: &[u8]) -> io::Result<()> {
         .create_new(true)
         .open(path)?;
     f.write_all(data)?;
-    f.set_permissions(fs::Permissions::from_mode(0o644))?;
+    f.set_permissions(fs::Permissions::from_mode(crate::PRIVATE_FILE_MODE))?;
     f.sync_all()
 }
 
@@ -510,11 +510,11 @@ impl Store {
         dir.push(".d");
         let dir = PathBuf::from(dir);
         fs::DirBuilder::new()
-            .mode(0o755)
+            .mode(crate::PRIVATE_DIR_MODE)
             .create(&dir)
             .map_err(|e| StoreError::io("creating", &dir, &self.root, e))?;
         drop(tmp);
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))
+        fs::set_permissions(&dir, fs::Permissions::from_mode(crate::PRIVATE_DIR_MODE))
             .map_err(|e| StoreError::io("setting mode of", &dir, &self.root, e))?;
         let entries_path = dir.join(LAYER_ENTRIES_FILE);
         let entries = fs::OpenOptions::new()
@@ -523,8 +523,11 @@ impl Store {
             .create_new(true)
             .open(&entries_path)
             .map_err(|e| StoreError::io("creating", &entries_path, &self.root, e))?;
-        fs::set_permissions(&entries_path, fs::Permissions::from_mode(0o644))
-            .map_err(|e| StoreError::io("setting mode of", &entries_path, &self.root, e))?;
+        fs::set_permissions(
+            &entries_path,
+            fs::Permissions::from_mode(crate::PRIVATE_FILE_MODE),
+        )
+        .map_err(|e| StoreError::io("setting mode of", &entries_path, &self.root, e))?;
         Ok(LayerRecordWriter {
             staging,
             dir,
@@ -629,7 +632,7 @@ impl Store {
         f.write_all(&json)
             .and_then(|()| f.write_all(b"\n"))
             .map_err(|e| tmp.err("writing image record", e))?;
-        f.set_permissions(fs::Permissions::from_mode(0o644))
+        f.set_permissions(fs::Permissions::from_mode(crate::PRIVATE_FILE_MODE))
             .map_err(|e| tmp.err("setting mode of image record", e))?;
         f.sync_all()
             .map_err(|e| tmp.err("syncing image record", e))?;

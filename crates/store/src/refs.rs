@@ -78,7 +78,7 @@ impl Store {
         let mut file = tmp.file();
         file.write_all(format!("{digest}\n").as_bytes())
             .map_err(|e| tmp.err("writing ref", e))?;
-        file.set_permissions(fs::Permissions::from_mode(0o644))
+        file.set_permissions(fs::Permissions::from_mode(crate::PRIVATE_FILE_MODE))
             .map_err(|e| tmp.err("setting mode of ref", e))?;
         file.sync_all().map_err(|e| tmp.err("syncing ref", e))?;
         tmp.persist(&path, true)?;

@@ -49,12 +49,18 @@ fn data(n: usize) -> Vec<u8> {
 #[test]
 fn open_creates_the_layout() {
     let (_dir, store) = new_store();
+    let m = fs::metadata(store.root()).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o700, "the root");
     for d in ["objects", "images", "layers", "refs", "tmp"] {
         let m = fs::metadata(store.root().join(d)).unwrap();
         assert!(m.is_dir(), "{d}");
-        assert_eq!(m.permissions().mode() & 0o7777, 0o755, "{d}");
+        assert_eq!(m.permissions().mode() & 0o7777, 0o700, "{d}");
     }
     assert!(store.lock_path().is_file());
+    assert_eq!(
+        fs::metadata(store.lock_path()).unwrap().mode() & 0o7777,
+        0o600
+    );
     // Opening again is fine and changes nothing.
     Store::open(store.root()).unwrap();
 }
@@ -262,7 +268,8 @@ fn image_writer_commit_and_drop() {
     assert_eq!(fs::read(&path).unwrap(), image);
     assert_eq!(
         fs::metadata(&path).unwrap().permissions().mode() & 0o7777,
-        0o644
+        0o600,
+        "images inline small files: private"
     );
     let ino = fs::metadata(&path).unwrap().ino();
 
@@ -567,4 +574,141 @@ fn dropped_batch_leaves_nothing() {
     }
     assert!(all_objects(&store).is_empty());
     assert!(tmp_files(&store).is_empty(), "{:?}", tmp_files(&store));
+}
+
+/// A store made wider (by hand, or by a cairn that made 0755 directories):
+/// reading it changes nothing, its first write narrows the root and the
+/// directories below it, and fsck reports and repairs what is left.
+#[test]
+fn a_wider_store_is_narrowed_by_its_next_write_and_reported_by_fsck() {
+    let (dir, store) = new_store();
+    let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+    let containers = store.root().join("containers");
+    fs::create_dir(&containers).unwrap();
+    let widen = |store: &Store| {
+        for d in store.private_dirs() {
+            if d.exists() {
+                fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        }
+    };
+    widen(&store);
+
+    // Opening and reading write nothing.
+    let reader = Store::open(store.root()).unwrap();
+    reader.list_objects().unwrap().for_each(drop);
+    assert_eq!(mode(store.root()), 0o755);
+
+    // fsck reports each wide directory (and only those: the others are
+    // missing), and the extra directory it is given.
+    let extra = dir.path().join("runroot");
+    fs::create_dir(&extra).unwrap();
+    fs::set_permissions(&extra, fs::Permissions::from_mode(0o711)).unwrap();
+    let extras = [extra.as_path()];
+    let opts = FsckOptions {
+        private_dirs: &extras,
+        ..FsckOptions::default()
+    };
+    let report = reader.fsck(&opts).unwrap();
+    let wide: Vec<(PathBuf, u32)> = report
+        .problems
+        .iter()
+        .filter_map(|p| match p {
+            Problem::WideDirectory { path, mode } => Some((path.clone(), *mode)),
+            _ => None,
+        })
+        .collect();
+    let mut want: Vec<(PathBuf, u32)> = store
+        .private_dirs()
+        .into_iter()
+        .filter(|d| d.exists())
+        .map(|d| (d, 0o755))
+        .collect();
+    want.push((extra.clone(), 0o711));
+    assert_eq!(wide, want);
+    assert_eq!(report.problems.len(), want.len(), "{:?}", report.problems);
+    assert!(report.problems[0].to_string().contains("0755"));
+    assert_eq!(report.problems[0].kind(), "wide-directory");
+    assert_eq!(mode(store.root()), 0o755, "a check changes nothing");
+
+    // The first write narrows the store (not the extra directory: that is
+    // the run root's owner's business).
+    let writer = Store::open(store.root()).unwrap();
+    writer.import_bytes(b"private").unwrap();
+    for d in writer.private_dirs().iter().filter(|d| d.exists()) {
+        assert_eq!(mode(d), 0o700, "{}", d.display());
+    }
+    assert_eq!(mode(&extra), 0o711);
+    // The object inside keeps 0644: the directories are the barrier.
+    let id = fsverity_digest(&b"private"[..]).unwrap();
+    assert_eq!(mode(&writer.object_path(&id)), 0o644);
+
+    // A repair narrows what is still wide, and leaves the store clean.
+    widen(&writer);
+    let report = writer
+        .fsck(&FsckOptions {
+            repair: true,
+            ..opts
+        })
+        .unwrap();
+    assert_eq!(report.repairs.len(), want.len(), "{:?}", report.repairs);
+    assert!(matches!(report.repairs[0], Repair::MadePrivate(_, 0o755)));
+    assert!(report.repairs[0].to_string().contains("was 0755"));
+    for d in writer.private_dirs().iter().filter(|d| d.exists()) {
+        assert_eq!(mode(d), 0o700, "{}", d.display());
+    }
+    assert_eq!(mode(&extra), 0o700);
+    assert!(writer.fsck(&opts).unwrap().is_clean());
+}
+
+/// Records and refs are written 0600.
+#[test]
+fn records_and_refs_are_private() {
+    let (_dir, store) = new_store();
+    let image = {
+        let mut w = store.image_writer().unwrap();
+        w.write_all(b"not really an image").unwrap();
+        w.commit().unwrap()
+    };
+    store.set_ref("r", &image).unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&store.refs_dir().join("r")), 0o600);
+    assert_eq!(mode(&store.image_path(&image)), 0o600);
+
+    let mut w = store.layer_writer().unwrap();
+    w.entries()
+        .write_all(b"/ 0 40755 2 0 0 0 0.0 - - -\n")
+        .unwrap();
+    let diff_id = format!("sha256:{}", "a".repeat(64));
+    let record = LayerRecord {
+        format: LAYER_FORMAT,
+        diff_id: diff_id.clone(),
+        blob_digest: None,
+        media_type: None,
+        compression: "none".into(),
+        size: 0,
+        compressed_size: 0,
+        entries: 1,
+        objects: 0,
+    };
+    assert!(w.commit(&store, &record).unwrap());
+    let layer = store.layer_dir(&diff_id);
+    assert_eq!(mode(&layer), 0o700);
+    assert_eq!(mode(&layer.join(LAYER_RECORD_FILE)), 0o600);
+    assert_eq!(mode(&layer.join(LAYER_ENTRIES_FILE)), 0o600);
+}
+
+#[test]
+fn ensure_private_dir_creates_and_narrows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+    let run = dir.path().join("a/b/run");
+    assert_eq!(ensure_private_dir(&run).unwrap(), None);
+    assert_eq!(mode(&run), 0o700);
+    // Only the directory itself is private, not the parents made for it.
+    assert_eq!(mode(&dir.path().join("a/b")) & 0o700, 0o700);
+    fs::set_permissions(&run, fs::Permissions::from_mode(0o1777)).unwrap();
+    assert_eq!(ensure_private_dir(&run).unwrap(), Some(0o1777));
+    assert_eq!(mode(&run), 0o700);
+    assert_eq!(ensure_private_dir(&run).unwrap(), None);
 }

@@ -596,6 +596,7 @@ fn fsck_reports_every_problem_and_repair_leaves_a_clean_store() {
         .fsck(&cairn_store::FsckOptions {
             repair: true,
             threads: 2,
+            ..Default::default()
         })
         .unwrap();
     assert_eq!(repaired.problems, report.problems);
@@ -672,6 +673,7 @@ fn fsck_checks_sizes_payloads_and_non_files() {
         .fsck(&cairn_store::FsckOptions {
             repair: true,
             threads: 0,
+            ..Default::default()
         })
         .unwrap();
     assert!(repaired.repairs.contains(&Repair::RemovedImage(img)));
