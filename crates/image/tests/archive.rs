@@ -1,5 +1,7 @@
 //! Local image sources: OCI layouts (tags, image indexes and platforms,
-//! blobs that do not match their digests) and exports read back.
+//! blobs that do not match their descriptors' sizes, digests or media
+//! types, digests cairn refuses), docker archives (the digests their names
+//! and configs state, skopeo's layout of them) and exports read back.
 
 mod common;
 

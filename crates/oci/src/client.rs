@@ -928,8 +928,9 @@ pub enum BlobEvent {
     Retry { attempt: u32, detail: String },
 }
 
-/// A blob as a `Read`: fetched on first read, never read past its stated
-/// size, resumed after transient errors. A failure that ends it is kept in
+/// A blob as a `Read`: fetched on first read, never read more than one
+/// byte past its stated size (a body that has that byte is
+/// [`PullError::TooLong`]), resumed after transient errors. A failure that ends it is kept in
 /// [`BlobReader::error_slot`], so the caller can report it as it was rather
 /// than as the `io::Error` the consumer of the stream saw.
 pub struct BlobReader<'a> {

@@ -1,8 +1,8 @@
 //! A registry that lies, breaks or hangs: one row per misbehaviour, each
 //! asserting the error message and that the store is as it was (nothing new
 //! under objects/, images/, layers/ or refs/; nothing left in tmp/ once the
-//! store is opened again). The registry is an in-test HTTP server on
-//! 127.0.0.1 ([`common::fake`]).
+//! store is opened again), and that a good image then pulls into it. The
+//! registry is an in-test HTTP server on 127.0.0.1 ([`common::fake`]).
 
 mod common;
 
