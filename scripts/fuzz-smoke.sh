@@ -77,7 +77,7 @@ show_input() {
 # Seeds, made at run time (no binaries in git): from the composefs test
 # vectors, the dumpfiles for dump_parse and the images cairn writes from them
 # for erofs_read (random bytes rarely get past the superblock); small GNU tar
-# archives for tar_read.
+# archives for tar_read; for oci_parse, see make_oci_seeds below.
 make_seeds() {
   local vectors=../shared/testdata/composefs cairn f name
   [ -d "$vectors" ] || {
@@ -121,6 +121,22 @@ make_tar_seeds() {
   rm -rf "$src"
 }
 [ "$seconds" -gt 0 ] && make_seeds
+
+# Seeds for oci_parse: an image manifest, an index, a config and digests,
+# written here as text.
+make_oci_seeds() {
+  local d=fuzz/seeds/oci_parse z
+  z=sha256:$(printf '%064d' 0)
+  mkdir -p "$d"
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"%s","size":2},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"%s","size":3}]}' \
+    "$z" "$z" >"$d/manifest.json"
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"%s","size":7,"platform":{"architecture":"amd64","os":"linux"},"annotations":{"org.opencontainers.image.ref.name":"t"}}]}' \
+    "$z" >"$d/index.json"
+  printf '{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":["%s"]}}' "$z" >"$d/config.json"
+  printf '%s' "$z" >"$d/digest"
+  printf 'sha512:%0128d' 0 >"$d/digest-sha512"
+}
+[ "$seconds" -gt 0 ] && make_oci_seeds
 
 failed=()
 for t in "${targets[@]}"; do

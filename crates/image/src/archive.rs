@@ -8,13 +8,28 @@
 //! - **OCI layout** (`index.json`, `blobs/<alg>/<hex>`): the manifest is
 //!   picked by its `org.opencontainers.image.ref.name` annotation (or is
 //!   the only one); an image index is resolved to the requested platform
-//!   (default: the host's). Every blob is checked against its digest.
+//!   (default: the host's). Every blob (index, manifest, config, layer) is
+//!   checked against its descriptor: its digest parsed by the spec's
+//!   grammar (`cairn_store::parse_digest`: sha256 only, lower-case hex)
+//!   before a path is made from it, its size (an index, manifest or config
+//!   is read to at most one byte past it; a layer file's length must equal
+//!   it, checked for every layer before the first is imported), its digest,
+//!   and its media type: a manifest or index whose own `mediaType`
+//!   contradicts its descriptor's is refused, a config must be an image
+//!   config, a layer a tar, tar+gzip or tar+zstd whose bytes show that
+//!   compression.
 //! - **docker archive** (`manifest.json`, the config, one tar per layer,
 //!   possibly gzipped or symlinked to another): read in two passes over the
 //!   archive file without unpacking it: one to find the members, then each
-//!   member straight from its offset. Docker archives have no OCI manifest,
-//!   so one is made: uncompressed layer descriptors whose digests are the
-//!   diff_ids.
+//!   member straight from its offset. Docker archives have no descriptors
+//!   and no sizes to check; what is checked: every `rootfs.diff_ids` entry
+//!   is parsed as a digest, each layer's tar stream against its diff_id,
+//!   the config against its member name when that is a digest
+//!   (`<64 hex>.json`, as docker and skopeo name it, or
+//!   `blobs/sha256/<hex>`), and a layer named `blobs/sha256/<hex>` (docker
+//!   25 and later) against that digest. Docker archives have no OCI
+//!   manifest, so one is made: uncompressed layer descriptors whose digests
+//!   are the diff_ids.
 //! - **directory**: scanned like `cairn mkfs`, written as one tar stream
 //!   (in memory, through a pipe to the importer: never on disk) and
 //!   imported as a one-layer image with a minimal config for the host.
@@ -22,16 +37,18 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-use cairn_store::Store;
+use cairn_store::{parse_digest, Store};
 use serde_json::{json, Value};
 
 use crate::assemble::{
     assemble_image_from, now_rfc3339, sha256_digest, ImportedImage, MAX_CONFIG_BYTES,
     MAX_MANIFEST_BYTES,
 };
+use crate::decompress::compression_for_media_type;
 use crate::layer::{clean_path, import_layer, LayerInfo, Limits};
 use crate::scan::{scan_dir, ScanOptions};
 use crate::tar::{EntryKind, TarLimits, TarReader, TarSource};
@@ -40,6 +57,9 @@ use crate::LayerError;
 const MEDIA_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MEDIA_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+const MEDIA_DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
 /// Most members a docker archive may have.
 const MAX_ARCHIVE_MEMBERS: usize = 1_000_000;
 
@@ -147,6 +167,81 @@ fn read_capped(path: &Path, max: usize) -> io::Result<Vec<u8>> {
     Ok(data)
 }
 
+/// A descriptor from an OCI layout's JSON, its fields checked: `mediaType`
+/// a string, `digest` a digest cairn verifies (parsed before any path is
+/// made from it), `size` a non-negative integer.
+#[derive(Debug, Clone)]
+pub(crate) struct Desc {
+    pub media_type: String,
+    pub digest: String,
+    pub size: u64,
+}
+
+impl Desc {
+    /// Reads descriptor `v`; the error is the reason, for the caller to
+    /// say whose descriptor it was.
+    pub(crate) fn from_json(v: &Value) -> Result<Desc, String> {
+        let obj = v.as_object().ok_or("the descriptor is not a JSON object")?;
+        let media_type = obj
+            .get("mediaType")
+            .and_then(Value::as_str)
+            .ok_or("the descriptor has no mediaType string")?;
+        let digest = obj
+            .get("digest")
+            .and_then(Value::as_str)
+            .ok_or("the descriptor has no digest string")?;
+        parse_digest(digest).map_err(|e| format!("descriptor digest: {e}"))?;
+        let size = obj
+            .get("size")
+            .and_then(Value::as_u64)
+            .ok_or("the descriptor's size is not a non-negative integer")?;
+        Ok(Desc {
+            media_type: media_type.to_owned(),
+            digest: digest.to_owned(),
+            size,
+        })
+    }
+}
+
+/// What a manifest-or-index descriptor names, by its media type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DocKind {
+    Index,
+    Manifest,
+}
+
+impl DocKind {
+    pub(crate) fn of(media_type: &str) -> Option<DocKind> {
+        match media_type {
+            MEDIA_INDEX | MEDIA_DOCKER_LIST => Some(DocKind::Index),
+            MEDIA_MANIFEST | MEDIA_DOCKER_MANIFEST => Some(DocKind::Manifest),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            DocKind::Index => "index",
+            DocKind::Manifest => "manifest",
+        }
+    }
+}
+
+/// A manifest's or index's own `mediaType`, when it has one, must be its
+/// descriptor's (image-spec: content whose type contradicts its descriptor
+/// is not to be trusted); the error is the reason.
+pub(crate) fn check_declared_media_type(doc: &Value, desc: &Desc) -> Result<(), String> {
+    match doc.get("mediaType") {
+        None => Ok(()),
+        Some(Value::String(declared)) if *declared == desc.media_type => Ok(()),
+        Some(Value::String(declared)) => Err(format!(
+            "media type mismatch: the descriptor says {:?}, the content says {declared:?}",
+            desc.media_type
+        )),
+        Some(_) => Err("its mediaType is not a string".to_owned()),
+    }
+}
+
 /// An OCI layout on disk.
 struct Layout {
     dir: PathBuf,
@@ -155,29 +250,77 @@ struct Layout {
 
 impl Layout {
     fn blob_path(&self, digest: &str) -> Result<PathBuf, LayerError> {
-        let hex = digest
-            .strip_prefix("sha256:")
-            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or_else(|| {
-                archive_err(
-                    &self.what,
-                    format!("digest {digest:?} is not sha256:<64 hex digits>"),
-                )
-            })?;
+        let hex = parse_digest(digest).map_err(|e| archive_err(&self.what, e))?;
         Ok(self.dir.join("blobs/sha256").join(hex))
     }
 
-    /// A small blob (manifest, index, config), checked against its digest.
-    fn read_blob(&self, digest: &str, max: usize, what: &str) -> Result<Vec<u8>, LayerError> {
-        let path = self.blob_path(digest)?;
-        let data = read_capped(&path, max)
-            .map_err(|e| archive_err(&self.what, format!("{what} {digest}: {e}")))?;
+    /// Opens the blob `desc` names and checks that it is a regular file of
+    /// the descriptor's size (without reading it). Opened non-blocking, so
+    /// a FIFO planted in `blobs/` cannot hang the import.
+    fn open_blob(&self, desc: &Desc, what: &str) -> Result<File, LayerError> {
+        let path = self.blob_path(&desc.digest)?;
+        let err =
+            |reason: String| archive_err(&self.what, format!("{what} {}: {reason}", desc.digest));
+        let file = File::options()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|e| err(format!("blob {}: {e}", path.display())))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| err(format!("blob {}: {e}", path.display())))?;
+        if !meta.is_file() {
+            return Err(err(format!(
+                "blob {} is not a regular file",
+                path.display()
+            )));
+        }
+        if meta.len() != desc.size {
+            return Err(err(format!(
+                "size mismatch: the descriptor says {} bytes, the blob has {}",
+                desc.size,
+                meta.len()
+            )));
+        }
+        Ok(file)
+    }
+
+    /// A small blob (index, manifest, config), checked against its
+    /// descriptor's size and digest; never reads more than one byte past
+    /// the size.
+    fn read_blob(&self, desc: &Desc, max: usize, what: &str) -> Result<Vec<u8>, LayerError> {
+        let err =
+            |reason: String| archive_err(&self.what, format!("{what} {}: {reason}", desc.digest));
+        if desc.size > max as u64 {
+            return Err(err(format!(
+                "the descriptor says {} bytes, larger than the limit of {max}",
+                desc.size
+            )));
+        }
+        let file = self.open_blob(desc, what)?;
+        let mut data = Vec::with_capacity(desc.size as usize);
+        file.take(desc.size + 1)
+            .read_to_end(&mut data)
+            .map_err(|e| err(format!("reading the blob: {e}")))?;
+        if data.len() as u64 != desc.size {
+            // The file changed since it was opened.
+            return Err(err(format!(
+                "size mismatch: the descriptor says {} bytes, read {}{}",
+                desc.size,
+                data.len(),
+                if data.len() as u64 > desc.size {
+                    " or more"
+                } else {
+                    ""
+                }
+            )));
+        }
         let actual = sha256_digest(&data);
-        if actual != digest {
-            return Err(archive_err(
-                &self.what,
-                format!("{what} blob {digest} has digest {actual}"),
-            ));
+        if actual != desc.digest {
+            return Err(err(format!(
+                "digest mismatch: expected {}, got {actual}",
+                desc.digest
+            )));
         }
         Ok(data)
     }
@@ -272,29 +415,71 @@ pub fn import_oci_layout(
             }
         },
     };
+    let chosen =
+        Desc::from_json(chosen).map_err(|e| archive_err(&what, format!("index.json: {e}")))?;
     let platform = opts.platform.clone().unwrap_or_else(host_platform);
-    let (manifest, _) = resolve_manifest(&layout, chosen, &platform, 0)?;
+    let (manifest, manifest_desc) = resolve_manifest(&layout, &chosen, &platform, 0)?;
     let manifest_json: Value = serde_json::from_slice(&manifest)
-        .map_err(|e| archive_err(&what, format!("manifest: {e}")))?;
-    let config_digest = manifest_json
-        .pointer("/config/digest")
-        .and_then(Value::as_str)
-        .ok_or_else(|| archive_err(&what, "manifest has no config digest"))?;
-    let config = layout.read_blob(config_digest, MAX_CONFIG_BYTES, "config")?;
-    let (m, c) = crate::assemble::parse_image(&manifest, &config)?;
+        .map_err(|e| archive_err(&what, format!("manifest {}: {e}", manifest_desc.digest)))?;
+    let in_manifest = |reason: String| {
+        archive_err(
+            &what,
+            format!("manifest {}: {reason}", manifest_desc.digest),
+        )
+    };
+    let config_desc = manifest_json
+        .get("config")
+        .ok_or_else(|| in_manifest("no config descriptor".into()))
+        .and_then(|v| Desc::from_json(v).map_err(|e| in_manifest(format!("config: {e}"))))?;
+    if !matches!(
+        config_desc.media_type.as_str(),
+        MEDIA_CONFIG | MEDIA_DOCKER_CONFIG
+    ) {
+        return Err(in_manifest(format!(
+            "config {}: unsupported media type {:?} (not a container image: expected an OCI or Docker image config)",
+            config_desc.digest, config_desc.media_type
+        )));
+    }
+    let layer_descs = manifest_json
+        .get("layers")
+        .and_then(Value::as_array)
+        .ok_or_else(|| in_manifest("no layers list".into()))?
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Desc::from_json(v).map_err(|e| in_manifest(format!("layer {}: {e}", i + 1))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let config = layout.read_blob(&config_desc, MAX_CONFIG_BYTES, "config")?;
+    let (_, c) = crate::assemble::parse_image(&manifest, &config)?;
+    // Every layer blob is checked against its descriptor (media type, a
+    // regular file of its size) before the first is imported, so a bad one
+    // fails the import before anything is published.
+    let mut blobs = Vec::with_capacity(layer_descs.len());
+    for (desc, diff_id) in layer_descs.iter().zip(&c.rootfs.diff_ids) {
+        if compression_for_media_type(&desc.media_type).is_none() {
+            return Err(LayerError::MediaType {
+                layer: desc.digest.clone(),
+                media_type: desc.media_type.clone(),
+            });
+        }
+        let cached = crate::layer::has_layer(store, diff_id);
+        blobs.push(match layout.open_blob(desc, "layer") {
+            Ok(f) if !cached => Some(f),
+            Ok(_) => None,
+            // A cached layer's blob is not needed, only checked if there.
+            Err(_) if cached && !layout.blob_path(&desc.digest)?.exists() => None,
+            Err(e) => return Err(e),
+        });
+    }
     let mut infos = Vec::new();
-    for (desc, diff_id) in m.layers.iter().zip(&c.rootfs.diff_ids) {
-        if crate::layer::has_layer(store, diff_id) {
+    for ((desc, diff_id), blob) in layer_descs.iter().zip(&c.rootfs.diff_ids).zip(blobs) {
+        let Some(file) = blob else {
             infos.push(None);
             continue;
-        }
-        let path = layout.blob_path(&desc.digest)?;
-        let file = File::open(&path)
-            .map_err(|e| archive_err(&what, format!("layer blob {}: {e}", desc.digest)))?;
+        };
         let info = import_layer(
             store,
-            BufReader::with_capacity(1 << 20, file),
-            desc.media_type.as_deref(),
+            BufReader::with_capacity(1 << 20, file.take(desc.size)),
+            Some(&desc.media_type),
             Some(&desc.digest),
             Some(diff_id),
             &opts.limits,
@@ -321,34 +506,43 @@ fn mark_fresh(layers: &mut [LayerInfo], infos: &[Option<LayerInfo>]) {
     }
 }
 
-/// Follows a descriptor to an image manifest, through image indexes.
+/// Follows a descriptor to an image manifest, through image indexes;
+/// returns the manifest and its descriptor.
 fn resolve_manifest(
     layout: &Layout,
-    desc: &Value,
+    desc: &Desc,
     platform: &Platform,
     depth: usize,
-) -> Result<(Vec<u8>, String), LayerError> {
-    let digest = desc
-        .get("digest")
-        .and_then(Value::as_str)
-        .ok_or_else(|| archive_err(&layout.what, "a descriptor has no digest"))?;
-    let data = layout.read_blob(digest, MAX_MANIFEST_BYTES, "manifest")?;
-    let json: Value = serde_json::from_slice(&data)
-        .map_err(|e| archive_err(&layout.what, format!("manifest {digest}: {e}")))?;
-    let media_type = json
-        .get("mediaType")
-        .and_then(Value::as_str)
-        .or_else(|| desc.get("mediaType").and_then(Value::as_str))
-        .unwrap_or("");
-    let is_index = media_type == MEDIA_INDEX
-        || media_type == MEDIA_DOCKER_LIST
-        || (json.get("manifests").is_some() && json.get("layers").is_none());
-    if !is_index {
-        return Ok((data, digest.to_owned()));
+) -> Result<(Vec<u8>, Desc), LayerError> {
+    let kind = DocKind::of(&desc.media_type).ok_or_else(|| {
+        archive_err(
+            &layout.what,
+            format!(
+                "{}: unsupported media type {:?} (expected an OCI image index or manifest, or a Docker schema 2 manifest or manifest list)",
+                desc.digest, desc.media_type
+            ),
+        )
+    })?;
+    let data = layout.read_blob(desc, MAX_MANIFEST_BYTES, kind.name())?;
+    let json: Value = serde_json::from_slice(&data).map_err(|e| {
+        archive_err(
+            &layout.what,
+            format!("{} {}: {e}", kind.name(), desc.digest),
+        )
+    })?;
+    check_declared_media_type(&json, desc).map_err(|e| {
+        archive_err(
+            &layout.what,
+            format!("{} {}: {e}", kind.name(), desc.digest),
+        )
+    })?;
+    if kind == DocKind::Manifest {
+        return Ok((data, desc.clone()));
     }
     if depth >= 2 {
         return Err(archive_err(&layout.what, "image indexes nested too deep"));
     }
+    let digest = &desc.digest;
     let list = json
         .get("manifests")
         .and_then(Value::as_array)
@@ -373,7 +567,51 @@ fn resolve_manifest(
                 ),
             )
         })?;
-    resolve_manifest(layout, pick, platform, depth + 1)
+    let pick = Desc::from_json(pick).map_err(|e| {
+        archive_err(
+            &layout.what,
+            format!("index {digest}: entry for {platform}: {e}"),
+        )
+    })?;
+    resolve_manifest(layout, &pick, platform, depth + 1)
+}
+
+/// Fuzzing oracle for the OCI layout's JSON: `data` read as `index.json`
+/// (its descriptors, an image index's media type check, platform choice)
+/// and as an image manifest (its config and layer descriptors). Never
+/// panics, whatever `data` is; the answer is whether it was accepted.
+#[doc(hidden)]
+pub fn fuzz_layout_json(data: &[u8]) -> bool {
+    let Ok(json) = serde_json::from_slice::<Value>(data) else {
+        return false;
+    };
+    let as_index = Desc {
+        media_type: MEDIA_INDEX.to_owned(),
+        digest: sha256_digest(data),
+        size: data.len() as u64,
+    };
+    let mut ok = check_declared_media_type(&json, &as_index).is_ok();
+    if let Some(list) = json.get("manifests").and_then(Value::as_array) {
+        let _ = tags_of(list);
+        let host = host_platform();
+        for m in list {
+            let desc = Desc::from_json(m);
+            ok &= desc
+                .as_ref()
+                .is_ok_and(|d| DocKind::of(&d.media_type).is_some());
+            let _ = m.get("platform").is_some_and(|p| host.matches(p));
+        }
+    }
+    if let Some(c) = json.get("config") {
+        ok &= Desc::from_json(c).is_ok();
+    }
+    if let Some(layers) = json.get("layers").and_then(Value::as_array) {
+        for l in layers {
+            ok &= Desc::from_json(l)
+                .is_ok_and(|d| compression_for_media_type(&d.media_type).is_some());
+        }
+    }
+    ok
 }
 
 /// A file read through a buffer that skips by seeking.
@@ -562,7 +800,26 @@ pub fn import_docker_archive(
                 .ok_or_else(|| archive_err(&what, "manifest.json: a layer is not a string"))
         })
         .collect::<Result<_, _>>()?;
+    // Digests that member names state, parsed before anything is read.
+    let config_named = member_digest(config_name, ".json")
+        .map_err(|e| archive_err(&what, format!("config {config_name:?}: {e}")))?;
+    let layer_named = layer_names
+        .iter()
+        .map(|n| {
+            member_digest(n, ".tar")
+                .map_err(|e| archive_err(&what, format!("manifest.json: layer {n:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let config = read_member(config_name, MAX_CONFIG_BYTES)?;
+    if let Some(named) = config_named {
+        let actual = sha256_digest(&config);
+        if actual != named {
+            return Err(archive_err(
+                &what,
+                format!("config {config_name:?}: digest mismatch: its name says {named}, its content is {actual}"),
+            ));
+        }
+    }
     let config_json: Value = serde_json::from_slice(&config)
         .map_err(|e| archive_err(&what, format!("config {config_name}: {e}")))?;
     let diff_ids: Vec<String> = config_json
@@ -570,8 +827,23 @@ pub fn import_docker_archive(
         .and_then(Value::as_array)
         .ok_or_else(|| archive_err(&what, "config has no rootfs.diff_ids"))?
         .iter()
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect();
+        .enumerate()
+        .map(|(i, v)| {
+            let d = v.as_str().ok_or_else(|| {
+                archive_err(
+                    &what,
+                    format!("config {config_name}: rootfs.diff_ids[{i}] is not a string"),
+                )
+            })?;
+            parse_digest(d).map_err(|e| {
+                archive_err(
+                    &what,
+                    format!("config {config_name}: rootfs.diff_ids[{i}]: {e}"),
+                )
+            })?;
+            Ok(d.to_owned())
+        })
+        .collect::<Result<_, LayerError>>()?;
     if diff_ids.len() != layer_names.len() {
         return Err(archive_err(
             &what,
@@ -584,7 +856,7 @@ pub fn import_docker_archive(
     }
     let mut infos = Vec::new();
     let mut descriptors = Vec::new();
-    for (lname, diff_id) in layer_names.iter().zip(&diff_ids) {
+    for ((lname, diff_id), named) in layer_names.iter().zip(&diff_ids).zip(&layer_named) {
         let info = if crate::layer::has_layer(store, diff_id) {
             None
         } else {
@@ -593,7 +865,22 @@ pub fn import_docker_archive(
             f.seek(SeekFrom::Start(m.offset))
                 .map_err(|e| archive_err(&what, format!("{lname}: {e}")))?;
             let reader = BufReader::with_capacity(1 << 20, f.take(m.size));
-            let info = import_layer(store, reader, None, None, Some(diff_id), &opts.limits)?;
+            let info = import_layer(
+                store,
+                reader,
+                None,
+                named.as_deref(),
+                Some(diff_id),
+                &opts.limits,
+            )
+            .map_err(|e| {
+                // Say which member; a read error stays one (retryable).
+                if e.is_transient() {
+                    e
+                } else {
+                    archive_err(&what, format!("layer {lname:?}: {e}"))
+                }
+            })?;
             Some(info)
         };
         let size = match &info {
@@ -635,6 +922,26 @@ pub fn import_docker_archive(
     mark_fresh(&mut result.layers, &infos);
     result.name = name;
     Ok(result)
+}
+
+/// The digest a docker archive member's name states, if it states one:
+/// `blobs/<algorithm>/<encoded>` (docker 25 and later, an OCI layout's
+/// blob) or `<64 hex digits><suffix>` (docker's and skopeo's config,
+/// `<image id>.json`). Layer names of older archives (`<id>/layer.tar`)
+/// are not digests of the layer and state none. A `blobs/` name that is
+/// not a digest cairn verifies is an error, not ignored.
+fn member_digest(name: &str, suffix: &str) -> Result<Option<String>, String> {
+    let name = name.strip_prefix("./").unwrap_or(name);
+    if let Some(rest) = name.strip_prefix("blobs/") {
+        let digest = rest.replacen('/', ":", 1);
+        parse_digest(&digest).map_err(|e| e.to_string())?;
+        return Ok(Some(digest));
+    }
+    Ok(name
+        .strip_suffix(suffix)
+        .filter(|hex| hex.len() == 64)
+        .map(|hex| format!("sha256:{hex}"))
+        .filter(|d| parse_digest(d).is_ok()))
 }
 
 /// A `Read` fed by another thread through a channel.

@@ -13,7 +13,7 @@ use std::io::BufReader;
 use cairn_erofs::tree::InodeData;
 use cairn_erofs::writer::{mkfs_erofs, WriteOptions};
 use cairn_erofs::Tree;
-use cairn_store::{is_diff_id, ref_name_for, ImageRecord, ImageRecordLayer, ObjectId, Store};
+use cairn_store::{parse_digest, ref_name_for, ImageRecord, ImageRecordLayer, ObjectId, Store};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -43,8 +43,6 @@ pub struct ImportedImage {
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct Descriptor {
-    #[serde(rename = "mediaType", default)]
-    pub media_type: Option<String>,
     pub digest: String,
     #[serde(default)]
     pub size: Option<i64>,
@@ -132,6 +130,18 @@ pub(crate) fn parse_image(
             ));
         }
     }
+    parse_digest(&manifest.config.digest)
+        .map_err(|e| image_err("manifest", format!("config descriptor: {e}")))?;
+    for (i, l) in manifest.layers.iter().enumerate() {
+        parse_digest(&l.digest)
+            .map_err(|e| image_err("manifest", format!("layer {} descriptor: {e}", i + 1)))?;
+        if let Some(size) = l.size.filter(|&s| s < 0) {
+            return Err(image_err(
+                "manifest",
+                format!("layer {} descriptor: negative size {size}", i + 1),
+            ));
+        }
+    }
     let config_digest = sha256_digest(config_json);
     if manifest.config.digest != config_digest {
         return Err(image_err(
@@ -160,15 +170,18 @@ pub(crate) fn parse_image(
             ),
         ));
     }
-    for d in &config.rootfs.diff_ids {
-        if !is_diff_id(d) {
-            return Err(image_err(
-                "config",
-                format!("diff_id {d:?} is not sha256:<64 lowercase hex digits>"),
-            ));
-        }
+    for (i, d) in config.rootfs.diff_ids.iter().enumerate() {
+        parse_digest(d).map_err(|e| image_err("config", format!("rootfs.diff_ids[{i}]: {e}")))?;
     }
     Ok((manifest, config))
+}
+
+/// Fuzzing oracle: [`parse_image`] on `manifest_json` and `config_json`.
+/// Never panics, whatever the bytes; the answer is whether they were
+/// accepted.
+#[doc(hidden)]
+pub fn fuzz_parse_image(manifest_json: &[u8], config_json: &[u8]) -> bool {
+    parse_image(manifest_json, config_json).is_ok()
 }
 
 /// Applies `diff_ids` in order, each from its record in the store.

@@ -225,9 +225,10 @@ pub(crate) enum OpenError {
 }
 
 /// Builds the stack over `blob`. `declared` is what the media type says
-/// (`None`: nothing, detect). The magic bytes decide when they show gzip or
-/// zstd; a media type that promises compression the bytes do not show is an
-/// error.
+/// (`None`: nothing, detect from the magic bytes). A media type the bytes
+/// contradict is an error, as umoci has it: compression the bytes do not
+/// show, another compression than they show, or an uncompressed tar whose
+/// bytes are gzip or zstd.
 pub(crate) fn open_blob<'a>(
     blob: impl Read + 'a,
     declared: Option<Compression>,
@@ -245,8 +246,22 @@ pub(crate) fn open_blob<'a>(
     let head = src.fill_buf().map_err(OpenError::Read)?;
     let detected = Compression::from_magic(head);
     let compression = match (declared, detected) {
-        (_, Some(c)) => c,
-        (Some(Compression::None) | None, None) => Compression::None,
+        (None, Some(c)) => c,
+        (None, None) | (Some(Compression::None), None) => Compression::None,
+        (Some(d), Some(c)) if d == c => c,
+        (Some(Compression::None), Some(c)) => {
+            return Err(OpenError::Mismatch(format!(
+                "the media type says an uncompressed tar but the blob starts with {} magic bytes",
+                c.name()
+            )))
+        }
+        (Some(d), Some(c)) => {
+            return Err(OpenError::Mismatch(format!(
+                "the media type says {} but the blob starts with {} magic bytes",
+                d.name(),
+                c.name()
+            )))
+        }
         (Some(c), None) => {
             return Err(OpenError::Mismatch(format!(
                 "the media type says {} but the blob does not start with {} magic bytes",

@@ -35,9 +35,13 @@ mod pax;
 mod scan;
 mod tar;
 
+#[doc(hidden)]
+pub use archive::fuzz_layout_json;
 pub use archive::{
     host_platform, import_dir, import_docker_archive, import_oci_layout, ImportOptions, Platform,
 };
+#[doc(hidden)]
+pub use assemble::fuzz_parse_image;
 pub use assemble::{
     assemble_image, assemble_image_from, build_image_tree, ImportedImage, MAX_CONFIG_BYTES,
     MAX_MANIFEST_BYTES,

@@ -1,5 +1,7 @@
 //! Local image sources: OCI layouts (tags, image indexes and platforms,
-//! blobs that do not match their digests) and exports read back.
+//! blobs that do not match their descriptors' sizes, digests or media
+//! types, digests cairn refuses), docker archives (the digests their names
+//! and configs state, skopeo's layout of them) and exports read back.
 
 mod common;
 
@@ -170,5 +172,628 @@ fn export_reads_back_identically() {
         rec.config.contains("PATH=/bin"),
         "the config is kept: {}",
         rec.config
+    );
+}
+
+// ---- Descriptors: every blob's size, digest and media type is checked ----
+
+use serde_json::Value;
+
+const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+
+/// Which blob of a [`Bad`] layout a change applies to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Blob {
+    Index,
+    Manifest,
+    Config,
+    Layer,
+}
+
+/// One way to spoil a one-image layout (tag `t`, one uncompressed layer
+/// with `/f`, optionally behind an image index); `None` leaves it good.
+#[derive(Clone, Copy, Default)]
+struct Bad {
+    /// The manifest sits behind an image index for the host's platform.
+    nested: bool,
+    /// The layer's bytes as stored (its descriptor follows them).
+    layer_bytes: Option<fn(&mut Vec<u8>)>,
+    layer_desc: Option<fn(&mut Value)>,
+    config_desc: Option<fn(&mut Value)>,
+    manifest: Option<fn(&mut Value)>,
+    /// The manifest's descriptor (in the index, or in index.json).
+    manifest_desc: Option<fn(&mut Value)>,
+    index: Option<fn(&mut Value)>,
+    /// The index's descriptor in index.json.
+    index_desc: Option<fn(&mut Value)>,
+    /// Replaces this blob's file with other bytes of the same length.
+    swap: Option<Blob>,
+}
+
+fn desc_of(dir: &Path, media_type: &str, data: &[u8], edit: Option<fn(&mut Value)>) -> Value {
+    let mut d = blob(dir, media_type, data);
+    if let Some(f) = edit {
+        f(&mut d);
+    }
+    d
+}
+
+/// Writes the layout `bad` describes at `dir`.
+fn bad_layout(dir: &Path, bad: Bad) {
+    let _ = fs::remove_dir_all(dir);
+    let mut l = Layer::new();
+    l.file("f", b"descriptors are checked\n", 0o644);
+    let tar = l.finish();
+    let mut layer = tar.clone();
+    if let Some(f) = bad.layer_bytes {
+        f(&mut layer);
+    }
+    let layer_desc = desc_of(dir, LAYER_TAR, &layer, bad.layer_desc);
+    let host = cairn_image::host_platform();
+    let config = serde_json::to_vec(&json!({
+        "architecture": host.architecture, "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [sha256(&tar)]},
+    }))
+    .unwrap();
+    let config_desc = desc_of(dir, OCI_CONFIG, &config, bad.config_desc);
+    let mut manifest = json!({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": config_desc, "layers": [layer_desc],
+    });
+    if let Some(f) = bad.manifest {
+        f(&mut manifest);
+    }
+    let manifest = serde_json::to_vec(&manifest).unwrap();
+    let mut manifest_desc = desc_of(dir, OCI_MANIFEST, &manifest, bad.manifest_desc);
+    let mut top = if bad.nested {
+        manifest_desc["platform"] = json!({"architecture": host.architecture, "os": "linux"});
+        let mut index = json!({
+            "schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [manifest_desc],
+        });
+        if let Some(f) = bad.index {
+            f(&mut index);
+        }
+        let index = serde_json::to_vec(&index).unwrap();
+        desc_of(dir, OCI_INDEX, &index, bad.index_desc)
+    } else {
+        manifest_desc
+    };
+    top["annotations"] = json!({"org.opencontainers.image.ref.name": "t"});
+    fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [top.clone()]})).unwrap(),
+    )
+    .unwrap();
+    if let Some(which) = bad.swap {
+        // The descriptor chain down to `which`, read back from what was written.
+        let read = |d: &Value| -> Value {
+            let hex = &d["digest"].as_str().unwrap()[7..];
+            serde_json::from_slice(&fs::read(dir.join("blobs/sha256").join(hex)).unwrap()).unwrap()
+        };
+        let m_desc = if bad.nested {
+            read(&top)["manifests"][0].clone()
+        } else {
+            top.clone()
+        };
+        let target = match which {
+            Blob::Index => top.clone(),
+            Blob::Manifest => m_desc,
+            Blob::Config => read(&m_desc)["config"].clone(),
+            Blob::Layer => read(&m_desc)["layers"][0].clone(),
+        };
+        let path = dir
+            .join("blobs/sha256")
+            .join(&target["digest"].as_str().unwrap()[7..]);
+        let mut data = fs::read(&path).unwrap();
+        if which == Blob::Layer {
+            // A byte of /f's contents (after the 512-byte header): still a tar.
+            data[514] ^= 1;
+        } else {
+            // Same length, other bytes (no longer JSON, but the digest is
+            // checked first).
+            data.rotate_right(1);
+            data[0] = b' ';
+        }
+        fs::write(&path, data).unwrap();
+    }
+}
+
+fn upper_hex(d: &mut Value) {
+    let s = d["digest"].as_str().unwrap();
+    d["digest"] = json!(format!("sha256:{}", s[7..].to_uppercase()));
+}
+
+/// Imports the bad layout, expects an error with every one of `expect`,
+/// then checks that the store holds nothing new and that fsck is content,
+/// and that a good image imports into the same store afterwards.
+fn refused(name: &str, bad: Bad, expect: &[&str]) -> Result<String, String> {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("layout");
+    bad_layout(&dir, bad);
+    let root = d.path().join("store");
+    let s = open_store(&root);
+    let err = match import_oci_layout(&s, &dir, Some("t"), &ImportOptions::default()) {
+        Ok(img) => return Err(format!("{name}: imported: {img:?}")),
+        Err(e) => e.to_string(),
+    };
+    for want in expect {
+        if !err.contains(want) {
+            return Err(format!("{name}: error {err:?} lacks {want:?}"));
+        }
+    }
+    let fsck = s.fsck(&cairn_store::FsckOptions::default()).unwrap();
+    if !fsck.problems.is_empty() {
+        return Err(format!("{name}: fsck: {:?}", fsck.problems));
+    }
+    drop(s);
+    drop(open_store(&root));
+    let (seen, tmp) = visible(&root);
+    if !seen.is_empty() || !tmp.is_empty() {
+        return Err(format!("{name}: left {seen:?}, tmp {tmp:?}"));
+    }
+    // A good image after the bad one.
+    bad_layout(&dir, Bad::default());
+    let s = open_store(&root);
+    let img = import_oci_layout(&s, &dir, Some("t"), &ImportOptions::default())
+        .map_err(|e| format!("{name}: the good image after it: {e}"))?;
+    assert_eq!(
+        content(&s, &entries(&image_tree(&s, &img))["/f"]),
+        b"descriptors are checked\n"
+    );
+    Ok(err)
+}
+
+#[test]
+fn oci_layout_descriptors_are_enforced() {
+    let nested = Bad {
+        nested: true,
+        ..Bad::default()
+    };
+    let rows: Vec<(&str, Bad, Vec<&str>)> = vec![
+        (
+            "index's manifest descriptor +100",
+            Bad {
+                manifest_desc: Some(|d| d["size"] = json!(d["size"].as_u64().unwrap() + 100)),
+                ..nested
+            },
+            vec!["oci-layout:", ":t: manifest sha256:", "size mismatch: the descriptor says", "bytes, the blob has"],
+        ),
+        (
+            "index descriptor +100",
+            Bad {
+                index_desc: Some(|d| d["size"] = json!(d["size"].as_u64().unwrap() + 100)),
+                ..nested
+            },
+            vec![": index sha256:", "size mismatch"],
+        ),
+        (
+            "manifest descriptor -1",
+            Bad {
+                manifest_desc: Some(|d| d["size"] = json!(d["size"].as_u64().unwrap() - 1)),
+                ..Bad::default()
+            },
+            vec![": manifest sha256:", "size mismatch"],
+        ),
+        (
+            "layer size +1",
+            Bad {
+                layer_desc: Some(|d| d["size"] = json!(d["size"].as_u64().unwrap() + 1)),
+                ..Bad::default()
+            },
+            vec![": layer sha256:", "size mismatch: the descriptor says 2049 bytes, the blob has 2048"],
+        ),
+        (
+            "layer size -1",
+            Bad {
+                layer_desc: Some(|d| d["size"] = json!(d["size"].as_u64().unwrap() - 1)),
+                ..Bad::default()
+            },
+            vec![": layer sha256:", "size mismatch: the descriptor says 2047 bytes, the blob has 2048"],
+        ),
+        (
+            "config size +1",
+            Bad {
+                config_desc: Some(|d| d["size"] = json!(d["size"].as_u64().unwrap() + 1)),
+                ..Bad::default()
+            },
+            vec![": config sha256:", "size mismatch"],
+        ),
+        (
+            "config size -1",
+            Bad {
+                config_desc: Some(|d| d["size"] = json!(d["size"].as_u64().unwrap() - 1)),
+                ..Bad::default()
+            },
+            vec![": config sha256:", "size mismatch"],
+        ),
+        (
+            "index bytes differ from its digest",
+            Bad {
+                swap: Some(Blob::Index),
+                ..nested
+            },
+            vec![": index sha256:", "digest mismatch: expected sha256:"],
+        ),
+        (
+            "manifest bytes differ from its digest",
+            Bad {
+                swap: Some(Blob::Manifest),
+                ..nested
+            },
+            vec![": manifest sha256:", "digest mismatch"],
+        ),
+        (
+            "config bytes differ from its digest",
+            Bad {
+                swap: Some(Blob::Config),
+                ..Bad::default()
+            },
+            vec![": config sha256:", "digest mismatch"],
+        ),
+        (
+            "layer bytes differ from its digest",
+            Bad {
+                swap: Some(Blob::Layer),
+                ..Bad::default()
+            },
+            vec!["layer sha256:", "blob digest mismatch: expected sha256:"],
+        ),
+        (
+            "upper-case hex (layer)",
+            Bad {
+                layer_desc: Some(upper_hex),
+                ..Bad::default()
+            },
+            vec!["layer 1: descriptor digest: \"sha256:", "a sha256 digest is 64 lower-case hex digits"],
+        ),
+        (
+            "upper-case hex (manifest)",
+            Bad {
+                manifest_desc: Some(upper_hex),
+                ..Bad::default()
+            },
+            vec!["index.json: descriptor digest:", "64 lower-case hex digits"],
+        ),
+        (
+            "unknown algorithm (config)",
+            Bad {
+                config_desc: Some(|d| d["digest"] = json!("md5:d41d8cd98f00b204e9800998ecf8427e")),
+                ..Bad::default()
+            },
+            vec!["config: descriptor digest:", "unregistered digest algorithm \"md5\""],
+        ),
+        (
+            "sha512 digest (layer)",
+            Bad {
+                layer_desc: Some(|d| d["digest"] = json!(format!("sha512:{}", "ab".repeat(64)))),
+                ..Bad::default()
+            },
+            vec!["sha512 digests are not supported (cairn verifies sha256 only)"],
+        ),
+        (
+            "path characters (manifest)",
+            Bad {
+                manifest_desc: Some(|d| d["digest"] = json!("sha256:../../x")),
+                ..nested
+            },
+            vec!["\"sha256:../../x\" is not a digest"],
+        ),
+        (
+            "path characters (layer)",
+            Bad {
+                layer_desc: Some(|d| d["digest"] = json!("sha256:../../../etc/passwd")),
+                ..Bad::default()
+            },
+            vec!["\"sha256:../../../etc/passwd\" is not a digest"],
+        ),
+        (
+            "manifest mediaType contradicts its descriptor",
+            Bad {
+                manifest: Some(|m| {
+                    m["mediaType"] = json!("application/vnd.docker.distribution.manifest.v2+json")
+                }),
+                ..Bad::default()
+            },
+            vec![
+                ": manifest sha256:",
+                "media type mismatch: the descriptor says \"application/vnd.oci.image.manifest.v1+json\", the content says \"application/vnd.docker.distribution.manifest.v2+json\"",
+            ],
+        ),
+        (
+            "index mediaType contradicts its descriptor",
+            Bad {
+                index: Some(|m| m["mediaType"] = json!(OCI_MANIFEST)),
+                ..nested
+            },
+            vec![": index sha256:", "media type mismatch"],
+        ),
+        (
+            "descriptor says manifest, content is an index",
+            Bad {
+                index_desc: Some(|d| d["mediaType"] = json!(OCI_MANIFEST)),
+                ..nested
+            },
+            vec![": manifest sha256:", "media type mismatch"],
+        ),
+        (
+            "layer media type gzip, bytes a plain tar",
+            Bad {
+                layer_desc: Some(|d| d["mediaType"] = json!(LAYER_GZIP)),
+                ..Bad::default()
+            },
+            vec!["layer sha256:", "the media type says gzip but the blob does not start with gzip magic bytes"],
+        ),
+        (
+            "layer media type tar, bytes gzip",
+            Bad {
+                layer_bytes: Some(|b| *b = gzip(b)),
+                ..Bad::default()
+            },
+            vec!["layer sha256:", "the media type says an uncompressed tar but the blob starts with gzip magic bytes"],
+        ),
+        (
+            "config of another media type",
+            Bad {
+                config_desc: Some(|d| d["mediaType"] = json!("application/vnd.cncf.helm.config.v1+json")),
+                ..Bad::default()
+            },
+            vec!["unsupported media type \"application/vnd.cncf.helm.config.v1+json\""],
+        ),
+        (
+            "negative size",
+            Bad {
+                layer_desc: Some(|d| d["size"] = json!(-1)),
+                ..Bad::default()
+            },
+            vec!["layer 1: the descriptor's size is not a non-negative integer"],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, bad, expect) in rows {
+        match refused(name, bad, &expect) {
+            Ok(err) => eprintln!("ok: {name}: {err}"),
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn oci_layout_good_nested_index_imports() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("layout");
+    bad_layout(
+        &dir,
+        Bad {
+            nested: true,
+            ..Bad::default()
+        },
+    );
+    let s = open_store(&d.path().join("store"));
+    let img = import_oci_layout(&s, &dir, Some("t"), &ImportOptions::default()).unwrap();
+    assert_eq!(img.layers.len(), 1);
+}
+
+// ---- docker-archive: no descriptors; the digests it does state are checked ----
+
+/// A `docker save`-style archive of one image with one uncompressed layer
+/// holding `/f`; `edit` may change the member names and contents and the
+/// config before the archive is written: (config name, config, layer
+/// name, layer).
+fn docker_archive(
+    path: &Path,
+    edit: impl FnOnce(&mut String, &mut Value, &mut String, &mut Vec<u8>),
+) {
+    let mut l = Layer::new();
+    l.file("f", b"from a docker archive\n", 0o644);
+    let mut layer = l.finish();
+    let host = cairn_image::host_platform();
+    let mut config = json!({
+        "architecture": host.architecture, "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [sha256(&layer)]},
+    });
+    let config_bytes = serde_json::to_vec(&config).unwrap();
+    let mut config_name = format!("{}.json", &sha256(&config_bytes)[7..]);
+    let mut layer_name = format!("{}.tar", &sha256(&layer)[7..]);
+    let original = config.clone();
+    edit(&mut config_name, &mut config, &mut layer_name, &mut layer);
+    // An edited config keeps its name (the name then lies).
+    let config_bytes = if config == original {
+        config_bytes
+    } else {
+        serde_json::to_vec(&config).unwrap()
+    };
+    let manifest = serde_json::to_vec(&json!([{
+        "Config": config_name, "RepoTags": ["docker.test/x:y"], "Layers": [layer_name],
+    }]))
+    .unwrap();
+    let mut b = tar::Builder::new(fs::File::create(path).unwrap());
+    for (name, data) in [
+        (layer_name.as_str(), &layer),
+        (config_name.as_str(), &config_bytes),
+        ("manifest.json", &manifest),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        if name.contains("..") {
+            // A raw name: the tar crate refuses `..`, which one row needs.
+            h.as_mut_bytes()[..name.len()].copy_from_slice(name.as_bytes());
+            h.set_cksum();
+            b.append(&h, data.as_slice()).unwrap();
+        } else {
+            b.append_data(&mut h, name, data.as_slice()).unwrap();
+        }
+    }
+    b.into_inner().unwrap();
+}
+
+#[test]
+fn docker_archive_digests_are_checked() {
+    type Edit = fn(&mut String, &mut Value, &mut String, &mut Vec<u8>);
+    let rows: Vec<(&str, Edit, Vec<&str>)> = vec![
+        (
+            "config content differs from its name",
+            |_, c, _, _| c["os"] = json!("linux "),
+            vec![
+                "docker-archive:",
+                ".json\": digest mismatch: its name says sha256:",
+                "its content is sha256:",
+            ],
+        ),
+        (
+            "layer content differs from its digest name",
+            |_, _, _, l| l[514] ^= 1,
+            vec![
+                "docker-archive:",
+                ": layer \"",
+                ".tar\": layer sha256:",
+                "blob digest mismatch: expected sha256:",
+            ],
+        ),
+        (
+            "layer differs from its diff_id (name not a digest)",
+            |_, _, n, l| {
+                *n = "0123/layer.tar".into();
+                l[514] ^= 1;
+            },
+            vec!["diff_id mismatch: expected sha256:"],
+        ),
+        (
+            "layer in blobs/ with a changed byte",
+            |_, _, n, l| {
+                *n = format!("blobs/sha256/{}", &sha256(l)[7..]);
+                l[514] ^= 1;
+            },
+            vec!["blob digest mismatch"],
+        ),
+        (
+            "upper-case hex diff_id",
+            |cn, c, _, _| {
+                *cn = "config.json".into();
+                let d = c["rootfs"]["diff_ids"][0].as_str().unwrap().to_uppercase();
+                c["rootfs"]["diff_ids"][0] = json!(d.replace("SHA256", "sha256"));
+            },
+            vec![
+                "rootfs.diff_ids[0]: \"sha256:",
+                "a sha256 digest is 64 lower-case hex digits",
+            ],
+        ),
+        (
+            "upper-case hex blob name",
+            |_, _, n, l| *n = format!("blobs/sha256/{}", sha256(l)[7..].to_uppercase()),
+            vec![
+                "manifest.json: layer \"blobs/sha256/",
+                "64 lower-case hex digits",
+            ],
+        ),
+        (
+            "unknown algorithm diff_id",
+            |cn, c, _, _| {
+                *cn = "config.json".into();
+                c["rootfs"]["diff_ids"][0] = json!("md5:d41d8cd98f00b204e9800998ecf8427e");
+            },
+            vec!["unregistered digest algorithm \"md5\""],
+        ),
+        (
+            "sha512 diff_id",
+            |cn, c, _, _| {
+                *cn = "config.json".into();
+                c["rootfs"]["diff_ids"][0] = json!(format!("sha512:{}", "cd".repeat(64)));
+            },
+            vec!["sha512 digests are not supported"],
+        ),
+        (
+            "path characters in a diff_id",
+            |cn, c, _, _| {
+                *cn = "config.json".into();
+                c["rootfs"]["diff_ids"][0] = json!("sha256:../../x");
+            },
+            vec!["\"sha256:../../x\" is not a digest"],
+        ),
+        (
+            "path characters in a blob name",
+            |_, _, n, _| *n = "blobs/sha256/../../x".into(),
+            vec!["\"sha256:../../x\" is not a digest"],
+        ),
+        (
+            "sha512 config name",
+            |cn, _, _, _| *cn = format!("blobs/sha512/{}", "ef".repeat(64)),
+            vec!["config \"blobs/sha512/", "sha512 digests are not supported"],
+        ),
+    ];
+    let d = tempfile::tempdir().unwrap();
+    let good = d.path().join("good.tar");
+    docker_archive(&good, |_, _, _, _| {});
+    let mut failures = Vec::new();
+    for (i, (name, edit, expect)) in rows.into_iter().enumerate() {
+        let path = d.path().join(format!("bad{i}.tar"));
+        docker_archive(&path, edit);
+        let root = d.path().join(format!("store{i}"));
+        let s = open_store(&root);
+        let err = match cairn_image::import_docker_archive(&s, &path, &ImportOptions::default()) {
+            Ok(img) => {
+                failures.push(format!("{name}: imported: {img:?}"));
+                continue;
+            }
+            Err(e) => e.to_string(),
+        };
+        eprintln!("ok: {name}: {err}");
+        for want in &expect {
+            if !err.contains(want) {
+                failures.push(format!("{name}: error {err:?} lacks {want:?}"));
+            }
+        }
+        let fsck = s.fsck(&cairn_store::FsckOptions::default()).unwrap();
+        assert!(fsck.problems.is_empty(), "{name}: {:?}", fsck.problems);
+        drop(s);
+        drop(open_store(&root));
+        let (seen, tmp) = visible(&root);
+        if !seen.is_empty() || !tmp.is_empty() {
+            failures.push(format!("{name}: left {seen:?}, tmp {tmp:?}"));
+        }
+        let s = open_store(&root);
+        match cairn_image::import_docker_archive(&s, &good, &ImportOptions::default()) {
+            Ok(img) => assert_eq!(
+                content(&s, &entries(&image_tree(&s, &img))["/f"]),
+                b"from a docker archive\n"
+            ),
+            Err(e) => failures.push(format!("{name}: the good archive after it: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// skopeo's docker-archive (`<hex>.json`, `<hex>.tar`, a legacy
+/// `<id>/layer.tar` symlink) imports, its names checked as digests.
+#[test]
+fn docker_archive_from_skopeo() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("layout");
+    bad_layout(&dir, Bad::default());
+    let archive = d.path().join("a.tar");
+    let out = std::process::Command::new("skopeo")
+        .args(["copy", "-q"])
+        .arg(format!("oci:{}:t", dir.display()))
+        .arg(format!("docker-archive:{}:x:y", archive.display()))
+        .env("HOME", d.path())
+        .output()
+        .expect("running skopeo (apt-get install skopeo)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = open_store(&d.path().join("store"));
+    let img = cairn_image::import_docker_archive(&s, &archive, &ImportOptions::default()).unwrap();
+    assert_eq!(
+        content(&s, &entries(&image_tree(&s, &img))["/f"]),
+        b"descriptors are checked\n"
     );
 }

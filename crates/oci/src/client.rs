@@ -16,8 +16,13 @@
 //!   only once this registry has answered at all; before that it means the
 //!   registry is not there, and the pull fails at once.
 //!
-//! Blob bodies are streamed through [`BlobReader`], which never reads past
-//! the size the descriptor states and resumes a broken transfer with a
+//! Small bodies named by a descriptor (an index entry's manifest, a config)
+//! must be exactly the descriptor's size ([`BodySize::Exactly`]): a
+//! Content-Length that differs is refused before the body is read, and at
+//! most one byte past the size is read. Blob bodies are streamed through
+//! [`BlobReader`], which refuses a Content-Length other than the
+//! descriptor's size, reads at most one byte past that size (to see that
+//! the body ends there) and resumes a broken transfer with a
 //! `Range` request (or, where the registry ignores `Range`, by fetching the
 //! blob again and skipping what was already read). It does not hash: the
 //! layer importer checks the digest before anything becomes visible.
@@ -87,6 +92,17 @@ pub struct FetchedManifest {
     pub content_type: Option<String>,
     /// The registry's `Docker-Content-Digest` header, unchecked.
     pub docker_digest: Option<String>,
+}
+
+/// How long a small body (manifest, index, config) may or must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodySize {
+    /// Fetched by tag: no descriptor says its size, only a limit applies.
+    AtMost(u64),
+    /// Named by a descriptor of this size: a Content-Length that differs
+    /// is refused before the body is read, and at most one byte more than
+    /// this is read.
+    Exactly(u64),
 }
 
 /// A client for one registry.
@@ -172,13 +188,13 @@ impl Registry {
     }
 
     /// Fetches a manifest (`reference`: tag or digest), accepting the media
-    /// types `accept`, reading at most `limit` bytes.
+    /// types `accept`, of `size` bytes.
     pub fn fetch_manifest(
         &self,
         repo: &str,
         reference: &str,
         accept: &[&str],
-        limit: u64,
+        size: BodySize,
         display: &str,
     ) -> Result<FetchedManifest, PullError> {
         let what = format!("manifest {display}");
@@ -211,7 +227,7 @@ impl Registry {
                 .resp
                 .header("Docker-Content-Digest")
                 .map(str::to_string);
-            let bytes = read_capped(answer.resp, limit, &what)?;
+            let bytes = read_capped(answer.resp, size, &what)?;
             Ok(FetchedManifest {
                 bytes,
                 content_type,
@@ -220,12 +236,12 @@ impl Registry {
         })
     }
 
-    /// Fetches a whole small blob (a config), at most `limit` bytes.
+    /// Fetches a whole small blob (a config) of `size` bytes.
     pub fn fetch_blob_bytes(
         &self,
         repo: &str,
         digest: &Digest,
-        limit: u64,
+        size: BodySize,
         what: &str,
     ) -> Result<Vec<u8>, PullError> {
         let path = format!("/v2/{repo}/blobs/{digest}");
@@ -236,7 +252,7 @@ impl Registry {
                     repository: format!("{}/{repo}", self.name),
                 }
             })?;
-            read_capped(answer.resp, limit, what)
+            read_capped(answer.resp, size, what)
         })
     }
 
@@ -651,7 +667,7 @@ impl Registry {
                     .into());
                 }
             }
-            let body = read_capped(resp, MAX_TOKEN_BODY, &what)?;
+            let body = read_capped(resp, BodySize::AtMost(MAX_TOKEN_BODY), &what)?;
             let parsed: auth::TokenResponse =
                 serde_json::from_slice(&body).map_err(|e| PullError::Invalid {
                     what: what.clone(),
@@ -741,30 +757,66 @@ fn resolve_location(current: &str, location: &str) -> String {
     }
 }
 
-/// Reads a body of at most `limit` bytes (checking Content-Length first).
-fn read_capped(resp: ureq::Response, limit: u64, what: &str) -> Result<Vec<u8>, Failure> {
-    if let Some(len) = resp
+/// Reads a body of `size` bytes (checking Content-Length first), never
+/// more than one byte past the limit or the exact size.
+fn read_capped(resp: ureq::Response, size: BodySize, what: &str) -> Result<Vec<u8>, Failure> {
+    let content_length = resp
         .header("Content-Length")
-        .and_then(|v| v.trim().parse::<u64>().ok())
-    {
-        if len > limit {
-            return Err(PullError::TooLarge {
-                what: what.to_string(),
-                size: Some(len),
-                limit,
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let limit = match size {
+        BodySize::AtMost(limit) => {
+            if let Some(len) = content_length.filter(|&len| len > limit) {
+                return Err(PullError::TooLarge {
+                    what: what.to_string(),
+                    size: Some(len),
+                    limit,
+                }
+                .into());
             }
-            .into());
+            limit
         }
-    }
+        BodySize::Exactly(expected) => {
+            if let Some(len) = content_length.filter(|&len| len != expected) {
+                return Err(PullError::SizeMismatch {
+                    what: what.to_string(),
+                    expected,
+                    actual: len,
+                }
+                .into());
+            }
+            expected
+        }
+    };
     let mut buf = Vec::new();
-    match resp.into_reader().take(limit + 1).read_to_end(&mut buf) {
-        Ok(_) if buf.len() as u64 > limit => Err(PullError::TooLarge {
-            what: what.to_string(),
-            size: None,
-            limit,
+    match resp
+        .into_reader()
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut buf)
+    {
+        Ok(_) if buf.len() as u64 > limit => Err(match size {
+            BodySize::AtMost(_) => PullError::TooLarge {
+                what: what.to_string(),
+                size: None,
+                limit,
+            },
+            BodySize::Exactly(expected) => PullError::TooLong {
+                what: what.to_string(),
+                expected,
+            },
         }
         .into()),
-        Ok(_) => Ok(buf),
+        Ok(_) => match size {
+            // The body ended cleanly (no Content-Length promised more).
+            BodySize::Exactly(expected) if buf.len() as u64 != expected => {
+                Err(PullError::SizeMismatch {
+                    what: what.to_string(),
+                    expected,
+                    actual: buf.len() as u64,
+                }
+                .into())
+            }
+            _ => Ok(buf),
+        },
         Err(e) => Err(Failure::Transient {
             timed_out: matches!(
                 e.kind(),
@@ -876,8 +928,9 @@ pub enum BlobEvent {
     Retry { attempt: u32, detail: String },
 }
 
-/// A blob as a `Read`: fetched on first read, never read past its stated
-/// size, resumed after transient errors. A failure that ends it is kept in
+/// A blob as a `Read`: fetched on first read, never read more than one
+/// byte past its stated size (a body that has that byte is
+/// [`PullError::TooLong`]), resumed after transient errors. A failure that ends it is kept in
 /// [`BlobReader::error_slot`], so the caller can report it as it was rather
 /// than as the `io::Error` the consumer of the stream saw.
 pub struct BlobReader<'a> {
@@ -1021,7 +1074,24 @@ impl BlobReader<'_> {
 
 impl Read for BlobReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() || self.pos >= self.size {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.pos >= self.size {
+            // One byte past the descriptor's size: a body that goes on is
+            // longer than the descriptor says (without a Content-Length to
+            // have said so first). A failure here is no loss: every byte
+            // the consumer needs has come.
+            if let Some(mut body) = self.body.take() {
+                let mut probe = [0u8; 1];
+                if matches!(body.read(&mut probe), Ok(1)) {
+                    let e = PullError::TooLong {
+                        what: self.what.clone(),
+                        expected: self.size,
+                    };
+                    return Err(self.fail(e));
+                }
+            }
             return Ok(0);
         }
         loop {

@@ -2,7 +2,9 @@
 //!
 //! Only SHA-256 is accepted: it is the one algorithm every registry and
 //! image in use has, and the one the layer importer checks. A digest that
-//! names another algorithm is refused with that said, not misread.
+//! names another algorithm (`sha512` included) is refused with that said,
+//! not misread. The parsing itself is `cairn_store::parse_digest`, shared
+//! with the layer importer and the local image sources.
 
 use std::fmt;
 
@@ -13,25 +15,11 @@ use sha2::{Digest as _, Sha256};
 pub struct Digest(String);
 
 impl Digest {
-    /// Parses `sha256:<64 lower-case hex digits>`.
+    /// Parses `sha256:<64 lower-case hex digits>` with the store's parser
+    /// ([`cairn_store::parse_digest`], the spec's grammar), so that every
+    /// crate agrees on what a digest is.
     pub fn parse(s: &str) -> Result<Digest, String> {
-        let Some((algo, hex)) = s.split_once(':') else {
-            return Err(format!("{s:?} is not of the form algorithm:hex"));
-        };
-        if algo != "sha256" {
-            return Err(format!(
-                "unsupported digest algorithm {algo:?} (only sha256)"
-            ));
-        }
-        if hex.len() != 64
-            || !hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
-            return Err(format!(
-                "{s:?}: expected 64 lower-case hex digits after sha256:"
-            ));
-        }
+        cairn_store::parse_digest(s).map_err(|e| e.to_string())?;
         Ok(Digest(s.to_string()))
     }
 

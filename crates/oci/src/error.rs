@@ -89,6 +89,22 @@ pub enum PullError {
         actual: u64,
     },
 
+    /// The blob went on past the size its descriptor states (the reader
+    /// stops one byte past it).
+    #[error("{what}: size mismatch: the descriptor says {expected} bytes, the blob is longer")]
+    TooLong { what: String, expected: u64 },
+
+    /// A manifest or index whose own `mediaType` contradicts the descriptor
+    /// that named it.
+    #[error(
+        "{what}: media type mismatch: the descriptor says {descriptor:?}, the content says {content:?}"
+    )]
+    MediaTypeMismatch {
+        what: String,
+        descriptor: String,
+        content: String,
+    },
+
     #[error("{what}: unsupported media type {media_type:?} ({hint})")]
     UnsupportedMediaType {
         what: String,

@@ -2,11 +2,13 @@
 //! pulling an image into the store.
 //!
 //! Order of trust: the manifest's bytes are checked against the pinned
-//! digest, the index entry that named them, or the registry's
-//! `Docker-Content-Digest`; the config's against the manifest; each layer
-//! blob's digest and diff_id by the layer importer while it streams, before
-//! the layer becomes visible; the image is assembled only once every layer
-//! is in. An interrupted pull leaves only `tmp/` debris, and the layers it
+//! digest, the index entry that named them (its size, digest and media
+//! type), or the registry's `Docker-Content-Digest`; the config's size and
+//! digest against the manifest; each layer blob's size by the blob reader
+//! and its digest and diff_id by the layer importer while it streams,
+//! before the layer becomes visible; the image is assembled only once every
+//! layer is in. Every digest is parsed (`cairn_store::parse_digest`) before
+//! a URL is made from it. An interrupted pull leaves only `tmp/` debris, and the layers it
 //! finished are reused by the next one.
 //!
 //! This module owns the order of a pull and its concurrency (a few threads,
@@ -19,7 +21,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use crate::client::{BlobEvent, ClientOptions, Registry};
+use crate::client::{BlobEvent, BodySize, ClientOptions, Registry};
 use crate::digest::Digest;
 use crate::platform::{self, PlatformSpec};
 use crate::reference::ImageRef;
@@ -71,7 +73,7 @@ pub fn resolve(
         repo,
         &r.manifest_reference(),
         &media_type::MANIFEST_ACCEPT,
-        MAX_MANIFEST_SIZE,
+        BodySize::AtMost(MAX_MANIFEST_SIZE),
         &display,
     )?;
     let mut bytes = fetched.bytes;
@@ -122,6 +124,7 @@ pub fn resolve(
             entry_platform.as_deref().unwrap_or("its only platform")
         );
         let child = entry.digest(&child_what)?;
+        spec::check_manifest_media_type(&entry.media_type, &child_what)?;
         if entry.size > MAX_MANIFEST_SIZE {
             return Err(PullError::TooLarge {
                 what: child_what,
@@ -133,18 +136,21 @@ pub fn resolve(
             repo,
             child.as_str(),
             &media_type::MANIFEST_ACCEPT,
-            MAX_MANIFEST_SIZE,
-            &format!("{}/{}@{child}", r.registry, r.repository),
+            BodySize::Exactly(entry.size),
+            &format!(
+                "{}/{}@{child} ({} in the index of {display})",
+                r.registry,
+                r.repository,
+                entry_platform.as_deref().unwrap_or("its only entry")
+            ),
         )?;
         let child_bytes = child_fetched.bytes;
         check_blob(&child_what, &child, entry.size, &child_bytes)?;
         index_digest.get_or_insert(digest);
         chosen = entry_platform.or(chosen);
-        (mtype, manifest) = spec::parse_manifest(
-            &child_bytes,
-            child_fetched.content_type.as_deref(),
-            &child_what,
-        )?;
+        // The entry's media type, not the registry's Content-Type, says
+        // what the bytes are: the entry is covered by the index's digest.
+        (mtype, manifest) = spec::parse_manifest_for(&child_bytes, entry, &child_what)?;
         bytes = child_bytes;
         digest = child;
     };
@@ -160,7 +166,12 @@ pub fn resolve(
             limit: MAX_CONFIG_SIZE,
         });
     }
-    let config_bytes = reg.fetch_blob_bytes(repo, &config_digest, MAX_CONFIG_SIZE, &config_what)?;
+    let config_bytes = reg.fetch_blob_bytes(
+        repo,
+        &config_digest,
+        BodySize::Exactly(image.config.size),
+        &config_what,
+    )?;
     check_blob(
         &config_what,
         &config_digest,

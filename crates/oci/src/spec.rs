@@ -202,6 +202,58 @@ pub fn parse_manifest(
     content_type: Option<&str>,
     what: &str,
 ) -> Result<(String, Manifest), PullError> {
+    parse_manifest_declared(bytes, content_type, what).map(|(_, t, m)| (t, m))
+}
+
+/// Parses a manifest or index that `descriptor` (an index entry) names:
+/// the descriptor's media type must be a manifest or index type, and a
+/// `mediaType` the document declares must be the same (the image spec:
+/// content whose type contradicts its descriptor is not to be trusted).
+/// Without one, the descriptor's type decides how the bytes are read.
+pub fn parse_manifest_for(
+    bytes: &[u8],
+    descriptor: &Descriptor,
+    what: &str,
+) -> Result<(String, Manifest), PullError> {
+    check_manifest_media_type(&descriptor.media_type, what)?;
+    let (declared, media_type, manifest) =
+        parse_manifest_declared(bytes, Some(&descriptor.media_type), what)?;
+    if let Some(declared) = declared {
+        if declared != descriptor.media_type {
+            return Err(PullError::MediaTypeMismatch {
+                what: what.to_string(),
+                descriptor: descriptor.media_type.clone(),
+                content: declared,
+            });
+        }
+    }
+    Ok((media_type, manifest))
+}
+
+/// Checks that an index entry names a manifest or an index.
+pub fn check_manifest_media_type(media_type: &str, what: &str) -> Result<(), PullError> {
+    match media_type {
+        mt::OCI_INDEX | mt::DOCKER_MANIFEST_LIST | mt::OCI_MANIFEST | mt::DOCKER_MANIFEST => Ok(()),
+        mt::DOCKER_SCHEMA1 | mt::DOCKER_SCHEMA1_SIGNED => Err(PullError::Schema1 {
+            what: what.to_string(),
+        }),
+        other => Err(PullError::UnsupportedMediaType {
+            what: what.to_string(),
+            media_type: other.to_string(),
+            hint: "an index entry must name an OCI image index or manifest, or a Docker \
+                   schema 2 manifest or manifest list"
+                .to_string(),
+        }),
+    }
+}
+
+/// [`parse_manifest`], also returning the `mediaType` the document
+/// declares itself, if any.
+fn parse_manifest_declared(
+    bytes: &[u8],
+    content_type: Option<&str>,
+    what: &str,
+) -> Result<(Option<String>, String, Manifest), PullError> {
     let value: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| invalid(what, format!("not JSON: {e}")))?;
     let obj = value
@@ -248,6 +300,7 @@ pub fn parse_manifest(
             ))
         }
     };
+    let declared = declared.map(str::to_string);
     let manifest = match media_type.as_str() {
         mt::OCI_INDEX | mt::DOCKER_MANIFEST_LIST => Manifest::Index(
             serde_json::from_value(value).map_err(|e| invalid(what, e.to_string()))?,
@@ -268,7 +321,7 @@ pub fn parse_manifest(
             })
         }
     };
-    Ok((media_type, manifest))
+    Ok((declared, media_type, manifest))
 }
 
 /// Checks that a config descriptor names an image config.
@@ -389,6 +442,37 @@ mod tests {
         ] {
             assert!(parse_manifest(bad, None, "m").is_err(), "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn manifests_named_by_a_descriptor() {
+        let desc = |media_type: &str| Descriptor {
+            media_type: media_type.into(),
+            digest: D.into(),
+            size: 1,
+            urls: vec![],
+            platform: None,
+            annotations: Default::default(),
+        };
+        let oci = manifest(mt::OCI_MANIFEST);
+        let (t, _) = parse_manifest_for(oci.as_bytes(), &desc(mt::OCI_MANIFEST), "m").unwrap();
+        assert_eq!(t, mt::OCI_MANIFEST);
+        let e = parse_manifest_for(oci.as_bytes(), &desc(mt::DOCKER_MANIFEST), "m").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "m: media type mismatch: the descriptor says {:?}, the content says {:?}",
+                mt::DOCKER_MANIFEST,
+                mt::OCI_MANIFEST
+            )
+        );
+        // Without a mediaType of its own, the descriptor's decides.
+        let bare = oci.replace(&format!(r#""mediaType":"{}","#, mt::OCI_MANIFEST), "");
+        let (t, _) = parse_manifest_for(bare.as_bytes(), &desc(mt::DOCKER_MANIFEST), "m").unwrap();
+        assert_eq!(t, mt::DOCKER_MANIFEST);
+        assert!(parse_manifest_for(bare.as_bytes(), &desc(mt::OCI_INDEX), "m").is_err());
+        let e = parse_manifest_for(oci.as_bytes(), &desc(mt::OCI_LAYER_GZIP), "m").unwrap_err();
+        assert!(e.to_string().contains("unsupported media type"), "{e}");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! A registry that lies, breaks or hangs: one row per misbehaviour, each
 //! asserting the error message and that the store is as it was (nothing new
 //! under objects/, images/, layers/ or refs/; nothing left in tmp/ once the
-//! store is opened again). The registry is an in-test HTTP server on
-//! 127.0.0.1 ([`common::fake`]).
+//! store is opened again), and that a good image then pulls into it. The
+//! registry is an in-test HTTP server on 127.0.0.1 ([`common::fake`]).
 
 mod common;
 
@@ -353,6 +353,249 @@ fn cases() -> Vec<Case> {
             ))
         },
     ));
+    rows.extend(descriptor_cases(&img));
+    rows
+}
+
+/// The host's architecture, as index entries spell it.
+fn host_arch() -> &'static str {
+    Box::leak(
+        cairn_oci::PlatformSpec::host()
+            .architecture
+            .into_boxed_str(),
+    )
+}
+
+/// An index with one entry for the host naming the image's manifest,
+/// `edit`ed.
+fn index_with(img: &FakeImage, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let mut index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": common::OCI_INDEX,
+        "manifests": [{
+            "mediaType": common::OCI_MANIFEST,
+            "digest": img.manifest_digest,
+            "size": img.manifest.len(),
+            "platform": {"os": "linux", "architecture": host_arch()},
+        }],
+    });
+    edit(&mut index);
+    serde_json::to_vec(&index).unwrap()
+}
+
+/// The tag serves `index`; everything else is as the image has it.
+fn serving_index(
+    index: Vec<u8>,
+) -> impl Fn(&FakeImage, &Request, usize) -> Option<Reply> + Send + Sync + 'static {
+    move |_, req, _| {
+        (is_manifest(req) && req.path.ends_with("/v1"))
+            .then(|| Reply::ok(common::OCI_INDEX, index.clone()))
+    }
+}
+
+fn with_manifest(img: &FakeImage, edit: impl FnOnce(&mut serde_json::Value)) -> FakeImage {
+    let mut i = img.clone();
+    i.rebuild_manifest(edit);
+    i
+}
+
+fn add_to_size(d: &mut serde_json::Value, n: i64) {
+    d["size"] = (d["size"].as_i64().unwrap() + n).into();
+}
+
+/// Descriptors enforced (issue 11): size and digest of every blob, digests
+/// parsed by the spec's grammar before a URL is made from them, media
+/// types that contradict the content.
+fn descriptor_cases(img: &FakeImage) -> Vec<Case> {
+    let tag_ref = "{addr}/img:v1";
+    let upper = |d: &str| format!("sha256:{}", d[7..].to_uppercase());
+    let mut rows = vec![
+        case(
+            "index entry says 100 bytes more than the manifest",
+            img.clone(),
+            tag_ref,
+            &["manifest {addr}/img@{manifest} (linux/", " in the index of {addr}/img:v1): size mismatch: the descriptor says"],
+            serving_index(index_with(img, |i| add_to_size(&mut i["manifests"][0], 100))),
+        ),
+        case(
+            "index entry says 1 byte less, no Content-Length",
+            img.clone(),
+            tag_ref,
+            &["manifest {addr}/img@{manifest} (linux/", "size mismatch", "the blob is longer"],
+            {
+                let index = index_with(img, |i| add_to_size(&mut i["manifests"][0], -1));
+                move |img, req, _| {
+                    if !is_manifest(req) {
+                        return None;
+                    }
+                    Some(if req.path.ends_with("/v1") {
+                        Reply::ok(common::OCI_INDEX, index.clone())
+                    } else {
+                        Reply::Unsized(200, vec![], img.manifest.clone())
+                    })
+                }
+            },
+        ),
+        case(
+            "layer size +1",
+            with_manifest(img, |m| add_to_size(&mut m["layers"][0], 1)),
+            tag_ref,
+            &["blob {layer0}: size mismatch: the descriptor says"],
+            |_, _, _| None,
+        ),
+        case(
+            "layer size -1",
+            with_manifest(img, |m| add_to_size(&mut m["layers"][0], -1)),
+            tag_ref,
+            &["blob {layer0}: size mismatch: the descriptor says"],
+            |_, _, _| None,
+        ),
+        case(
+            "layer longer than its descriptor, no Content-Length",
+            img.clone(),
+            tag_ref,
+            &["blob {layer0}: size mismatch: the descriptor says", "bytes, the blob is longer"],
+            |img, req, _| {
+                is_blob(req, &img.layers[0].0).then(|| {
+                    let mut b = img.layers[0].1.clone();
+                    b.push(0);
+                    Reply::Unsized(200, vec![], b)
+                })
+            },
+        ),
+        case(
+            "config size +1",
+            with_manifest(img, |m| add_to_size(&mut m["config"], 1)),
+            tag_ref,
+            &["config {config} of {addr}/img:v1: size mismatch: the descriptor says"],
+            |_, _, _| None,
+        ),
+        case(
+            "config size -1",
+            with_manifest(img, |m| add_to_size(&mut m["config"], -1)),
+            tag_ref,
+            &["config {config} of {addr}/img:v1: size mismatch: the descriptor says"],
+            |_, _, _| None,
+        ),
+        case(
+            "config longer than its descriptor, no Content-Length",
+            img.clone(),
+            tag_ref,
+            &["config {config} of {addr}/img:v1: size mismatch", "the blob is longer"],
+            |img, req, _| {
+                is_blob(req, &img.config_digest).then(|| {
+                    let mut c = img.config.clone();
+                    c.push(b' ');
+                    Reply::Unsized(200, vec![], c)
+                })
+            },
+        ),
+        case(
+            "index bytes differ from the pinned digest",
+            img.clone(),
+            "{addr}/img@{manifest}",
+            &["manifest {addr}/img@{manifest}: digest mismatch: expected {manifest}"],
+            {
+                let index = index_with(img, |_| {});
+                move |_, req, _| is_manifest(req).then(|| Reply::ok(common::OCI_INDEX, index.clone()))
+            },
+        ),
+        case(
+            "upper-case hex layer digest",
+            with_manifest(img, |m| m["layers"][0]["digest"] = upper(m["layers"][0]["digest"].as_str().unwrap()).into()),
+            tag_ref,
+            &["invalid layer 1 of {addr}/img:v1: descriptor digest: \"sha256:", "a sha256 digest is 64 lower-case hex digits"],
+            |_, _, _| None,
+        ),
+        case(
+            "upper-case hex index entry",
+            img.clone(),
+            tag_ref,
+            &["descriptor digest:", "64 lower-case hex digits"],
+            serving_index(index_with(img, |i| {
+                i["manifests"][0]["digest"] = upper(i["manifests"][0]["digest"].as_str().unwrap()).into()
+            })),
+        ),
+        case(
+            "unknown digest algorithm (config)",
+            with_manifest(img, |m| m["config"]["digest"] = "md5:d41d8cd98f00b204e9800998ecf8427e".into()),
+            tag_ref,
+            &["config of {addr}/img:v1: descriptor digest:", "unregistered digest algorithm \"md5\""],
+            |_, _, _| None,
+        ),
+        case(
+            "sha512 layer digest",
+            with_manifest(img, |m| m["layers"][0]["digest"] = format!("sha512:{}", "ab".repeat(64)).into()),
+            tag_ref,
+            &["layer 1 of {addr}/img:v1", "sha512 digests are not supported (cairn verifies sha256 only)"],
+            |_, _, _| None,
+        ),
+        case(
+            "path characters in a layer digest",
+            with_manifest(img, |m| m["layers"][0]["digest"] = "sha256:../../x".into()),
+            tag_ref,
+            &["\"sha256:../../x\" is not a digest"],
+            // Never asked for: no URL is made from it.
+            |_, req, _| req.path.contains("..").then(|| Reply::error(500, "PATH", "a path was made from an unparsed digest")),
+        ),
+        case(
+            "path characters in an index entry",
+            img.clone(),
+            tag_ref,
+            &["\"sha256:../../x\" is not a digest"],
+            serving_index(index_with(img, |i| i["manifests"][0]["digest"] = "sha256:../../x".into())),
+        ),
+        case(
+            "manifest mediaType contradicts the index entry",
+            with_manifest(img, |m| m["mediaType"] = "application/vnd.docker.distribution.manifest.v2+json".into()),
+            tag_ref,
+            &[
+                "manifest {addr}/img:v1 for linux/",
+                "media type mismatch: the descriptor says \"application/vnd.oci.image.manifest.v1+json\", the content says \"application/vnd.docker.distribution.manifest.v2+json\"",
+            ],
+            // The index is made from the changed manifest below.
+            |_, _, _| None,
+        ),
+        case(
+            "index entry names a layer type",
+            img.clone(),
+            tag_ref,
+            &["unsupported media type \"application/vnd.oci.image.layer.v1.tar+gzip\""],
+            serving_index(index_with(img, |i| {
+                i["manifests"][0]["mediaType"] = "application/vnd.oci.image.layer.v1.tar+gzip".into()
+            })),
+        ),
+        case(
+            "layer media type gzip, bytes a plain tar",
+            {
+                let mut i = FakeImage::with_compression(false);
+                i.layer_media_type = "application/vnd.oci.image.layer.v1.tar+gzip";
+                i.rebuild_manifest(|_| {});
+                i
+            },
+            tag_ref,
+            &["layer {layer0}: the media type says gzip but the blob does not start with gzip magic bytes"],
+            |_, _, _| None,
+        ),
+        case(
+            "layer media type tar, bytes gzip",
+            {
+                let mut i = FakeImage::new();
+                i.layer_media_type = "application/vnd.oci.image.layer.v1.tar";
+                i.rebuild_manifest(|_| {});
+                i
+            },
+            tag_ref,
+            &["layer {layer0}: the media type says an uncompressed tar but the blob starts with gzip magic bytes"],
+            |_, _, _| None,
+        ),
+    ];
+    // The index naming the manifest whose mediaType contradicts it.
+    let row = rows
+        .iter_mut()
+        .find(|r| r.name == "manifest mediaType contradicts the index entry")
+        .unwrap();
+    row.hook = Arc::new(serving_index(index_with(&row.image, |_| {})));
     rows
 }
 
@@ -441,6 +684,16 @@ fn hostile_registry_table() {
         // Bounded: the slowest rows wait out 3 read timeouts of 1 s.
         if elapsed > Duration::from_secs(10) {
             failures.push(format!("{}: took {elapsed:?}", row.name));
+        }
+        // A good image pulls into the same store afterwards.
+        let good = FakeImage::new();
+        let good_server = serve_with(good.clone(), Arc::new(|_, _, _| None));
+        let store = cairn_store::Store::open(dir.path()).unwrap();
+        let good_ref = ImageRef::parse(&good.reference(&good_server.addr)).unwrap();
+        if let Err(e) =
+            cairn_oci::pull(&store, &good_ref, &opts, &|_: &cairn_oci::PullEvent<'_>| {})
+        {
+            failures.push(format!("{}: the good image after it: {e}", row.name));
         }
         eprintln!("ok: {}: {err}", row.name);
     }

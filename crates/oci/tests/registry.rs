@@ -357,3 +357,154 @@ fn missing_tags_and_repositories() {
         "{err}"
     );
 }
+
+/// Descriptors a real registry serves as they were pushed but that do not
+/// match their blobs (distribution does not check sizes, nor an index
+/// entry's media type against the manifest's): each pull is refused with
+/// the blob, the expected and the actual size named, the store is as it
+/// was, and a good image pulls into it afterwards.
+#[test]
+fn descriptor_sizes_and_media_types_are_enforced() {
+    use serde_json::json;
+    let reg = LocalRegistry::start();
+    let repo = "test/desc";
+    let layer = tar_of(&[("etc/", None), ("etc/desc", Some(b"sizes are checked\n"))]);
+    let layer_digest = reg.push_blob(repo, &layer);
+    let arch = PlatformSpec::host().architecture;
+    let config = serde_json::to_vec(&json!({
+        "architecture": arch, "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    }))
+    .unwrap();
+    let config_digest = reg.push_blob(repo, &config);
+    let manifest = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut m = json!({
+            "schemaVersion": 2,
+            "mediaType": media_type::OCI_MANIFEST,
+            "config": {"mediaType": media_type::OCI_CONFIG, "digest": config_digest, "size": config.len()},
+            "layers": [{"mediaType": media_type::OCI_LAYER_TAR, "digest": layer_digest, "size": layer.len()}],
+        });
+        edit(&mut m);
+        serde_json::to_vec(&m).unwrap()
+    };
+    let good = manifest(&|_| {});
+    let good_digest = reg.push_manifest(repo, "good", media_type::OCI_MANIFEST, &good);
+    let index = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut i = json!({
+            "schemaVersion": 2,
+            "mediaType": media_type::OCI_INDEX,
+            "manifests": [{
+                "mediaType": media_type::OCI_MANIFEST, "digest": good_digest, "size": good.len(),
+                "platform": {"os": "linux", "architecture": arch},
+            }],
+        });
+        edit(&mut i);
+        serde_json::to_vec(&i).unwrap()
+    };
+    let push = |tag: &str, mt: &str, bytes: Vec<u8>| {
+        reg.push_manifest(repo, tag, mt, &bytes);
+        reg.reference(&format!("{repo}:{tag}"))
+    };
+    let plus = |n: i64| {
+        move |d: &mut serde_json::Value| d["size"] = json!(d["size"].as_i64().unwrap() + n)
+    };
+    let rows: Vec<(String, Vec<String>)> = vec![
+        (
+            push(
+                "layer-plus-1",
+                media_type::OCI_MANIFEST,
+                manifest(&|m| plus(1)(&mut m["layers"][0])),
+            ),
+            vec![format!(
+                "blob {layer_digest}: size mismatch: the descriptor says {} bytes, got {}",
+                layer.len() + 1,
+                layer.len()
+            )],
+        ),
+        (
+            push(
+                "layer-minus-1",
+                media_type::OCI_MANIFEST,
+                manifest(&|m| plus(-1)(&mut m["layers"][0])),
+            ),
+            vec![format!(
+                "blob {layer_digest}: size mismatch: the descriptor says {} bytes, got {}",
+                layer.len() - 1,
+                layer.len()
+            )],
+        ),
+        (
+            push(
+                "config-plus-1",
+                media_type::OCI_MANIFEST,
+                manifest(&|m| plus(1)(&mut m["config"])),
+            ),
+            vec![format!(
+                "config {config_digest} of {}: size mismatch: the descriptor says {} bytes, got {}",
+                reg.reference(&format!("{repo}:config-plus-1")),
+                config.len() + 1,
+                config.len()
+            )],
+        ),
+        (
+            push(
+                "config-minus-1",
+                media_type::OCI_MANIFEST,
+                manifest(&|m| plus(-1)(&mut m["config"])),
+            ),
+            vec![format!("config {config_digest} of"), "size mismatch".into()],
+        ),
+        (
+            push(
+                "index-plus-100",
+                media_type::OCI_INDEX,
+                index(&|i| plus(100)(&mut i["manifests"][0])),
+            ),
+            vec![
+                format!(
+                    "manifest {}@{good_digest} (linux/{arch} in the index of",
+                    reg.reference(repo)
+                ),
+                format!(
+                    "size mismatch: the descriptor says {} bytes, got {}",
+                    good.len() + 100,
+                    good.len()
+                ),
+            ],
+        ),
+        (
+            push(
+                "index-media-type",
+                media_type::OCI_INDEX,
+                index(&|i| i["manifests"][0]["mediaType"] = json!(media_type::DOCKER_MANIFEST)),
+            ),
+            vec![format!(
+                "media type mismatch: the descriptor says {:?}, the content says {:?}",
+                media_type::DOCKER_MANIFEST,
+                media_type::OCI_MANIFEST
+            )],
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let before = store_snapshot(dir.path());
+    for (reference, expect) in rows {
+        let err = pull_into(dir.path(), &reference, &test_pull_options()).expect_err(&reference);
+        for want in &expect {
+            assert!(
+                err.contains(want.as_str()),
+                "{reference}: {err:?} lacks {want:?}"
+            );
+        }
+        eprintln!("ok: {reference}: {err}");
+        assert_eq!(store_snapshot(dir.path()), before, "{reference}");
+        assert!(tmp_after_reopen(dir.path()).is_empty(), "{reference}");
+    }
+    let good_ref = reg.reference(&format!("{repo}:good"));
+    let report = pull_into(dir.path(), &good_ref, &test_pull_options()).unwrap();
+    assert_pulled(dir.path(), &report, &good_ref);
+    let fsck = cairn_store::Store::open(dir.path())
+        .unwrap()
+        .fsck(&cairn_store::FsckOptions::default())
+        .unwrap();
+    assert!(fsck.problems.is_empty(), "{:?}", fsck.problems);
+}

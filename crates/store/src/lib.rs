@@ -62,14 +62,15 @@
 //! `verity` computes digests (pure), `object` publishes objects, `image`
 //! images, `refs` refs, `lock` the store lock, `tmp` owns staging, `kernel`
 //! probes and enables fs-verity, `private` keeps the store's modes,
-//! `sys` holds the crate's only `unsafe`.
-//! `resolve` turns what a user types into an image, `graph` reads what
-//! keeps what alive, `mounts` finds live mounts, and `gc`, `fsck` and
-//! `usage` walk that graph to collect garbage, check and repair, and
-//! measure.
+//! `sys` holds the crate's only `unsafe`. `digest` is the one parser of
+//! OCI digests from outside, `resolve` turns what a user types into an
+//! image, `graph` reads what keeps what alive, `mounts` finds live mounts,
+//! and `gc`, `fsck` and `usage` walk that graph to collect garbage, check
+//! and repair, and measure.
 
 #![deny(unsafe_code)]
 
+mod digest;
 mod error;
 mod fsck;
 mod gc;
@@ -94,6 +95,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
+pub use digest::{parse_digest, DigestError};
 pub use error::StoreError;
 pub use fsck::{FsckOptions, FsckReport, Problem, Repair};
 pub use gc::{GcOptions, GcReport, Removed};

@@ -157,10 +157,9 @@ pub struct ImageRecord {
 }
 
 /// Whether `s` is a diff_id as layers are named: `sha256:` and 64 lowercase
-/// hex digits.
+/// hex digits ([`crate::parse_digest`] accepts it).
 pub fn is_diff_id(s: &str) -> bool {
-    s.strip_prefix("sha256:")
-        .is_some_and(|h| h.len() == 64 && is_lower_hex(h))
+    crate::digest::parse_digest(s).is_ok()
 }
 
 /// The ref name an image name is stored under. Image names hold `/`
