@@ -1438,6 +1438,33 @@ fn fixed_cases() -> Vec<(&'static str, Vec<Layer>)> {
             &[L(&[sym("s", "dangling"), hard("h", "s")])],
         ),
         case(
+            "seed 454: implicit parents below a set-group-ID root take its group and bit",
+            &[L(&[
+                dir("./").mode(0o2755).owner(4242, 4242),
+                sym("x/usr", "."),
+                file("c/run/run", "r"),
+            ])],
+        ),
+        case(
+            "seed 930: an implicit directory below a set-group-ID directory of a lower layer",
+            &[
+                L(&[dir("b").mode(0o2750).owner(0, 77)]),
+                L(&[file("b/c/d", "d"), sym("b/e/f", "/b/c")]),
+            ],
+        ),
+        case(
+            "seed 1: a symlink whose header mode is not 0777",
+            &[L(&[sym("s", "t").mode(0o755)])],
+        ),
+        case(
+            "seed 468: an xattr with an empty pax value sets nothing",
+            &[L(&[file("f", "f").xattr("trusted.u", "")])],
+        ),
+        case(
+            "seed 18270: a regular file ('0') named ./ is not the root directory (umoci fails)",
+            &[L(&[file("a", "a")]), L(&[dir("./").mode(0o1777), file("./", "")])],
+        ),
+        case(
             "a gzip layer whose mediaType says tar",
             &[Layer {
                 lying_media_type: true,

@@ -15,7 +15,9 @@
 //!    image lands in `/usr/lib/x86_64-linux-gnu/` and `lib` stays a symlink.
 //!    Components that do not exist are directories to create, 0755
 //!    root:root, once the path is resolved (a dangling symlink's target
-//!    too); a component that is not a directory is an error.
+//!    too), or, below a set-group-ID directory, 2755 with its group, as
+//!    mkdir(2) makes them there; a component that is not a directory is an
+//!    error.
 //! 2. **A whiteout** (`.wh.NAME`) removes NAME from the resolved directory,
 //!    an opaque marker (`.wh..wh..opq`) everything in it, but never what
 //!    this layer has put there (or below there) itself; a whiteout of
@@ -48,6 +50,8 @@ use cairn_erofs::{DirEntry, Inode, Mtime};
 use crate::layer::{lossy, OPAQUE, WHITEOUT_PREFIX};
 use crate::LayerError;
 
+/// The set-group-ID bit.
+const S_ISGID: u32 = 0o2000;
 /// Most symlinks followed while resolving one path (as Linux's and umoci's
 /// path resolution allow).
 const MAX_SYMLINKS: usize = 255;
@@ -353,6 +357,13 @@ impl<'t> Applier<'t> {
         for name in r.missing {
             let mut d = Inode::new(S_IFDIR | 0o755).expect("directory mode is valid");
             d.mtime = Mtime::default();
+            // As mkdir(2) makes it below a set-group-ID directory: the
+            // parent's group and the set-group-ID bit are inherited.
+            let parent = self.tree.inode(dir);
+            if parent.mode & S_ISGID != 0 {
+                d.mode |= S_ISGID;
+                d.gid = parent.gid;
+            }
             let id = self.tree.push(d);
             link(self.tree, dir, &name, id);
             dir = id;

@@ -560,8 +560,10 @@ impl<R: TarSource> TarReader<R> {
                 ))))
             }
         };
-        // Old archives mark directories only by a trailing slash.
-        if kind == EntryKind::Regular && typeflag != b'S' && path.ends_with(b"/") {
+        // Old (pre-POSIX) archives mark directories only by a trailing
+        // slash on an entry of type NUL; an explicit regular file ('0')
+        // stays one, as Go's archive/tar (docker, containerd, umoci) reads it.
+        if typeflag == 0 && path.ends_with(b"/") {
             kind = EntryKind::Directory;
         }
         let (devmajor, devminor) = if matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice)
