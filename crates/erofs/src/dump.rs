@@ -157,24 +157,13 @@ pub enum Line {
 /// that is not a tree, such as cairn's layer records (the entries of a tar
 /// stream, in order).
 pub fn parse_line(line: &[u8]) -> Result<(Vec<u8>, Line), String> {
-    if let Some(pos) = line.iter().position(|&b| b == 0) {
-        return Err(format!("NUL byte at offset {pos}"));
-    }
-    let f = Fields::split(line);
-    let path = unescape(f.path, "PATH")?;
-    if path.is_empty() {
-        return Err("empty PATH".into());
-    }
-    if path.contains(&0) {
-        return Err(format!("PATH {} contains a NUL byte", show(&path)));
-    }
-    let (hardlink, mode_field) = match f.mode.split_first() {
-        Some((b'@', rest)) => (true, rest),
-        _ => (false, f.mode),
-    };
-    let mode = parse_u32(mode_field, 8, "MODE")?;
-    let ftype = FileType::from_mode(mode)
-        .ok_or_else(|| format!("invalid MODE {mode:o}: no known file type"))?;
+    let Head {
+        f,
+        path,
+        hardlink,
+        mode,
+        ftype,
+    } = Head::read(line)?;
     if hardlink {
         if ftype == FileType::Directory {
             return Err(format!("{}: directories cannot be hardlinked", show(&path)));
@@ -292,6 +281,46 @@ struct Fields<'a> {
     xattrs: &'a [u8],
 }
 
+/// What every line starts with: its fields split, PATH unescaped, MODE
+/// read (`hardlink` for a `@` before it).
+struct Head<'a> {
+    f: Fields<'a>,
+    path: Vec<u8>,
+    hardlink: bool,
+    mode: u32,
+    ftype: FileType,
+}
+
+impl<'a> Head<'a> {
+    fn read(line: &'a [u8]) -> Result<Head<'a>, String> {
+        if let Some(pos) = line.iter().position(|&b| b == 0) {
+            return Err(format!("NUL byte at offset {pos}"));
+        }
+        let f = Fields::split(line);
+        let path = unescape(f.path, "PATH")?;
+        if path.is_empty() {
+            return Err("empty PATH".into());
+        }
+        if path.contains(&0) {
+            return Err(format!("PATH {} contains a NUL byte", show(&path)));
+        }
+        let (hardlink, mode_field) = match f.mode.split_first() {
+            Some((b'@', rest)) => (true, rest),
+            _ => (false, f.mode),
+        };
+        let mode = parse_u32(mode_field, 8, "MODE")?;
+        let ftype = FileType::from_mode(mode)
+            .ok_or_else(|| format!("invalid MODE {mode:o}: no known file type"))?;
+        Ok(Head {
+            f,
+            path,
+            hardlink,
+            mode,
+            ftype,
+        })
+    }
+}
+
 impl<'a> Fields<'a> {
     /// Splits at single spaces; missing trailing fields are empty.
     fn split(line: &'a [u8]) -> Fields<'a> {
@@ -343,25 +372,13 @@ impl Parser {
 
     fn parse_line(&mut self, line_no: usize, line: &[u8]) -> Result<(), String> {
         self.line = line_no;
-        if let Some(pos) = line.iter().position(|&b| b == 0) {
-            return Err(format!("NUL byte at offset {pos}"));
-        }
-        let f = Fields::split(line);
-
-        let path = unescape(f.path, "PATH")?;
-        if path.is_empty() {
-            return Err("empty PATH".into());
-        }
-        if path.contains(&0) {
-            return Err(format!("PATH {} contains a NUL byte", show(&path)));
-        }
-        let (hardlink, mode_field) = match f.mode.split_first() {
-            Some((b'@', rest)) => (true, rest),
-            _ => (false, f.mode),
-        };
-        let mode = parse_u32(mode_field, 8, "MODE")?;
-        let ftype = FileType::from_mode(mode)
-            .ok_or_else(|| format!("invalid MODE {mode:o}: no known file type"))?;
+        let Head {
+            f,
+            path,
+            hardlink,
+            mode,
+            ftype,
+        } = Head::read(line)?;
 
         let place = self.place(&path, ftype)?;
 
