@@ -1462,7 +1462,10 @@ fn fixed_cases() -> Vec<(&'static str, Vec<Layer>)> {
         ),
         case(
             "seed 18270: a regular file ('0') named ./ is not the root directory (umoci fails)",
-            &[L(&[file("a", "a")]), L(&[dir("./").mode(0o1777), file("./", "")])],
+            &[
+                L(&[file("a", "a")]),
+                L(&[dir("./").mode(0o1777), file("./", "")]),
+            ],
         ),
         case(
             "a gzip layer whose mediaType says tar",
