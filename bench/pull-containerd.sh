@@ -175,9 +175,14 @@ versions() {
   echo "; runc: $(runc --version | head -1 | awk '{ print $3 }'); crun: $(crun --version | head -1 | awk '{ print $3 }')"
   echo "; cairn: $("$cairn" --version | awk '{ print $2 }') (${cairn_given:-$cairn}, built ${cairn_built:-$(date -u -r "$cairn" '+%Y-%m-%d %H:%M UTC')}$(cairn_head))"
 }
-# The checkout the binary sits in and its HEAD now (the binary may be older).
+# The checkout the binary sits in and its HEAD when the run started (the
+# binary may be older).
 cairn_head() {
   local h
+  [ -z "${cairn_head_then:-}" ] || {
+    echo "$cairn_head_then"
+    return
+  }
   h=$(git -C "$(dirname "${cairn_given:-$cairn}")" log -1 --format='%h, committed %cd' --date=format:'%H:%M' 2>/dev/null) || return 0
   echo "; its checkout at $h"
 }
@@ -569,11 +574,13 @@ samples=$run_dir/samples.tsv
 : >"$samples"
 # A copy: the binary given may be rebuilt while this runs.
 cairn_built=$(date -u -r "$cairn" '+%Y-%m-%d %H:%M UTC')
+cairn_head_then=$(cairn_head)
 cp "$cairn" "$run_dir/cairn"
 cairn_given=$cairn
 cairn=$run_dir/cairn
 mounts_before=$(findmnt -rn -o TARGET | sort)
-busy_before=$(ps -eo pcpu=,comm= --sort=-pcpu | awk '$1 >= 5 { printf "%s %s%%, ", $2, $1 }' | sed 's/, $//')
+# Processes using 5% of a CPU or more over one second (top's second frame).
+busy_before=$(top -b -n 2 -d 1 -w 200 | awk '/^ *PID/ { frame++; next } frame == 2 && $9 + 0 >= 5 { printf "%s %s%%, ", $12, $9 }' | sed 's/, $//')
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 check_plugins
 
