@@ -81,9 +81,10 @@ mkdir -p "$work"
 chattr +T "$work" 2>/dev/null || true
 run="$work/run-$(date +%s)-$$"
 mkdir "$run"
-registry_pid=""
+# shellcheck source-path=SCRIPTDIR source=lib/registry.sh
+. "$here/lib/registry.sh"
 cleanup() {
-  [ -z "$registry_pid" ] || kill "$registry_pid" 2>/dev/null || true
+  registry_stop
   if [ "$keep" -eq 0 ]; then rm -rf "$run"; else echo "kept $run" >&2; fi
 }
 trap cleanup EXIT
@@ -170,27 +171,8 @@ json.dump({"imageLayoutVersion": "1.0.0"}, open(os.path.join(run, "layout", "oci
 EOF
 
 # ---------------------------------------------------------------- registry
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-cat >"$run/registry.yml" <<EOF
-version: 0.1
-log:
-  level: error
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: $run/registry
-http:
-  addr: 127.0.0.1:$port
-EOF
-docker-registry serve "$run/registry.yml" >"$run/registry.log" 2>&1 &
-registry_pid=$!
-for _ in $(seq 100); do
-  if curl -sf "http://127.0.0.1:$port/v2/" >/dev/null; then break; fi
-  sleep 0.1
-done
-curl -sf "http://127.0.0.1:$port/v2/" >/dev/null || die "docker-registry did not start (see $run/registry.log)"
-reg="127.0.0.1:$port"
+registry_start "$run/registry" || die "no registry"
+reg=$registry
 for tag in base full other; do
   HOME="$run" skopeo copy -q --dest-tls-verify=false "oci:$run/layout:$tag" "docker://$reg/bench/$tag:v1"
 done

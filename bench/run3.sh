@@ -157,12 +157,13 @@ samples=$run/samples.tsv
 : >"$run/meta.tsv"
 : >"$run/rows.tsv"
 : >"$run/na.tsv"
-registry_pid=
+# shellcheck source-path=SCRIPTDIR source=lib/registry.sh
+. "$here/lib/registry.sh"
 loopdev=
 
 cleanup() {
   local m
-  [ -z "$registry_pid" ] || kill "$registry_pid" 2>/dev/null || true
+  registry_stop
   while IFS= read -r m; do
     [ -n "$m" ] || continue
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
@@ -507,23 +508,8 @@ if phase pull; then
   for t in docker-registry skopeo umoci curl; do
     command -v "$t" >/dev/null || die "$t not found (sudo ./setup.sh installs it)"
   done
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  cat >"$run/registry.yml" <<EOF
-version: 0.1
-storage:
-  filesystem:
-    rootdirectory: $run/registry
-http:
-  addr: 127.0.0.1:$port
-EOF
-  docker-registry serve "$run/registry.yml" >"$run/registry.log" 2>&1 &
-  registry_pid=$!
-  for _ in $(seq 1 50); do
-    curl -sf "http://127.0.0.1:$port/v2/" >/dev/null && break
-    sleep 0.1
-  done
-  curl -sf "http://127.0.0.1:$port/v2/" >/dev/null || die "docker-registry did not start (see $run/registry.log)"
-  reg=127.0.0.1:$port
+  registry_start "$run/registry" || die "no registry"
+  reg=$registry
   for img in "${img_list[@]}"; do
     say "pushing $img to $reg"
     lay=$run/layout-$img
