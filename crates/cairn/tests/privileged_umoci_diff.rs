@@ -866,13 +866,21 @@ struct Unmount<'a>(&'a Path, &'a Path);
 
 impl Drop for Unmount<'_> {
     fn drop(&mut self) {
-        let out = cairn_raw(self.0, &[os("umount"), self.1.as_os_str()]);
-        if !out.status.success() {
-            eprintln!(
-                "cairn umount {}: {}",
-                self.1.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
+        // A child another thread is forking holds copies of this thread's
+        // open fds (inside the mount) until it execs: the mount is busy for
+        // that moment, so retry briefly (about 1 run in 4,000 saw it).
+        for attempt in 0.. {
+            let out = cairn_raw(self.0, &[os("umount"), self.1.as_os_str()]);
+            if out.status.success() {
+                return;
+            }
+            let err = String::from_utf8_lossy(&out.stderr);
+            if attempt < 100 && err.contains("busy") {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
+            }
+            eprintln!("cairn umount {}: {err}", self.1.display());
+            return;
         }
     }
 }
