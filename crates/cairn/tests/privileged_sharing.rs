@@ -92,30 +92,40 @@ fn privileged_shared_file_is_stored_once_and_cached_once() {
 
     let ma = mount(&store, &base.join("a.img"), &base.join("mnt-a"), &[]);
     let mb = mount(&store, &base.join("b.img"), &base.join("mnt-b"), &[]);
-    drop_caches();
+    // The page cache is counted machine-wide (`Cached` in /proc/meminfo),
+    // so another process's reads can add to one measurement; a second copy
+    // of the file would add its 48 MiB to every one. Up to three tries.
+    let mut growth = Vec::new();
+    for _ in 0..3 {
+        drop_caches();
+        assert!(
+            resident_bytes(&object) < (SIZE as u64) / 8,
+            "object should start cold"
+        );
+        assert_eq!(read_all(&ma.target.join("usr/lib/shared.bin")), SIZE);
+        let after_a = resident_bytes(&object);
+        assert!(
+            after_a >= SIZE as u64 * 9 / 10,
+            "reading through mount A fills the object's page cache: {after_a}"
+        );
+        let cached_a = meminfo_cached_kib();
+        assert_eq!(read_all(&mb.target.join("usr/lib/shared.bin")), SIZE);
+        let cached_b = meminfo_cached_kib();
+        let grew_kib = cached_b.saturating_sub(cached_a);
+        eprintln!(
+            "object resident after mount A: {} MiB; page cache growth when reading the same file through mount B: {} KiB (file is {} MiB)",
+            after_a >> 20,
+            grew_kib,
+            SIZE >> 20
+        );
+        growth.push(grew_kib);
+        if grew_kib < (SIZE as u64 / 1024) / 8 {
+            break;
+        }
+    }
     assert!(
-        resident_bytes(&object) < (SIZE as u64) / 8,
-        "object should start cold"
-    );
-    assert_eq!(read_all(&ma.target.join("usr/lib/shared.bin")), SIZE);
-    let after_a = resident_bytes(&object);
-    assert!(
-        after_a >= SIZE as u64 * 9 / 10,
-        "reading through mount A fills the object's page cache: {after_a}"
-    );
-    let cached_a = meminfo_cached_kib();
-    assert_eq!(read_all(&mb.target.join("usr/lib/shared.bin")), SIZE);
-    let cached_b = meminfo_cached_kib();
-    let grew_kib = cached_b.saturating_sub(cached_a);
-    eprintln!(
-        "object resident after mount A: {} MiB; page cache growth when reading the same file through mount B: {} KiB (file is {} MiB)",
-        after_a >> 20,
-        grew_kib,
-        SIZE >> 20
-    );
-    assert!(
-        grew_kib < (SIZE as u64 / 1024) / 8,
-        "reading the shared file through the second mount must not cache it again (grew {grew_kib} KiB)"
+        growth.iter().any(|&g| g < (SIZE as u64 / 1024) / 8),
+        "reading the shared file through the second mount must not cache it again (grew {growth:?} KiB)"
     );
     drop(mb);
     drop(ma);
