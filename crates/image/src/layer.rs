@@ -252,26 +252,18 @@ pub fn import_layer(
                     })
                 }
             };
-            let (done_tx, done_rx) = std::sync::mpsc::channel();
             let workers = (threads - 1).clamp(1, pipeline::MAX_WORKERS);
-            let mut queues = Vec::with_capacity(workers);
-            for _ in 0..workers {
-                let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel(pipeline::WORKER_QUEUE);
-                let done = done_tx.clone();
-                s.spawn(move || pipeline::object_worker(store, jobs_rx, done));
-                queues.push(jobs_tx);
+            let (objects, ends) = pipeline::Objects::new(workers);
+            for (jobs, done, free) in ends {
+                s.spawn(move || pipeline::object_worker(store, jobs, done, free));
             }
-            drop(done_tx);
-            let mut b = LayerBuilder::new(store, Some(pipeline::Objects::new(queues, done_rx)))
+            let mut b = LayerBuilder::new(store, Some(objects))
                 .map_err(|e| store_err(&layer, "starting the layer record", e))?;
-            let mut tar = TarReader::new(
-                BufReader::with_capacity(64 * 1024, q.reader),
-                TarLimits::from(limits),
-            );
+            // The chunks are the buffer: no BufReader (and no copy) between.
+            let mut tar = TarReader::new(q.reader, TarLimits::from(limits));
             parse_layer(&mut tar, compression, &mut b, limits, &layer)?;
             drop(tar);
-            b.settle_all()
-                .map_err(|e| add_err(&layer, b"", 0, e))?;
+            b.settle_all().map_err(|e| add_err(&layer, b"", 0, e))?;
             // The workers end when their queues close.
             b.objects = None;
             let totals = decompressor
@@ -671,7 +663,13 @@ impl<'s> LayerBuilder<'s> {
             let mut w = if let Some(seq) = front.object {
                 let must = wait || self.waiting.len() > MAX_WAITING;
                 let objects = self.objects.as_mut().expect("objects while lines wait");
-                let Some(done) = objects.take(seq, must) else {
+                let gone = |_| {
+                    AddError::Reason(format!(
+                        "storing {}: the object worker stopped",
+                        lossy(&front.path)
+                    ))
+                };
+                let Some(done) = objects.take(seq, must).map_err(gone)? else {
                     if must {
                         return Err(AddError::Reason(format!(
                             "storing {}: the object worker stopped",
@@ -816,17 +814,16 @@ impl<'s> LayerBuilder<'s> {
         e: &TarEntry,
     ) -> Result<u64, AddError> {
         let objects = self.objects.as_mut().expect("object workers");
-        let (seq, worker) = objects.begin();
-        let gone = || AddError::Reason("the object worker stopped".into());
-        worker.send(pipeline::Job::Begin(seq)).map_err(|_| gone())?;
-        tar.copy_data::<AddError>(e, |c| {
-            let job = match c {
-                Chunk::Data(d) => pipeline::Job::Data(d.to_vec()),
-                Chunk::Hole(n) => pipeline::Job::Hole(n),
-            };
-            worker.send(job).map_err(|_| gone())
+        let gone = |_| AddError::Reason("the object worker stopped".into());
+        let seq = objects.begin().map_err(gone)?;
+        tar.copy_data::<AddError>(e, |c| match c {
+            Chunk::Data(d) => objects.data(d).map_err(gone),
+            Chunk::Hole(n) => {
+                objects.hole(n);
+                Ok(())
+            }
         })?;
-        worker.send(pipeline::Job::End).map_err(|_| gone())?;
+        objects.end();
         Ok(seq)
     }
 

@@ -5,13 +5,25 @@
 //!                │  chunks of 256 KiB (bounded queue, buffers recycled)
 //!                ▼
 //!           [parse]       tar headers, layer record lines, inline files  (the caller's thread)
-//!                │  file contents, one worker each file (bounded queues)
+//!                │  batches: up to 256 KiB of data or 64 files each
+//!                │  (a bounded queue per worker, buffers recycled)
 //!                ▼
 //!           [objects] ×N  fs-verity digest, staged object file
+//!                │  the objects each batch completed, in one message
+//!                ▼
+//!           [parse]       record lines written in stream order
 //! ```
 //!
+//! Messages carry batches, not files: the data of many small files (and
+//! the beginnings, ends and holes of each) travel in one buffer, so a
+//! thread is woken once per batch rather than once per file, and a small
+//! file costs no message of its own. A batch goes to the next worker whose
+//! queue has room, so one big file (whose later batches must go to the
+//! worker that has its beginning) does not hold up the files after it
+//! while another worker is free.
+//!
 //! Every queue is bounded, so memory is too: at most [`CHUNK_QUEUE`] chunks
-//! between decompression and parsing and [`WORKER_QUEUE`] chunks waiting
+//! between decompression and parsing and [`WORKER_QUEUE`] batches waiting
 //! for each object worker, whatever the layer. The record lines keep the
 //! order of the tar stream: a line whose object is still being written
 //! waits (with every line after it) until its worker reports the object's
@@ -26,7 +38,8 @@
 //!
 //! On a machine (or cgroup, or `taskset`) with one CPU no thread is
 //! started: the stages run one after the other in the caller's thread, as
-//! they would in any case.
+//! they would in any case. `CAIRN_IMPORT_THREADS` (a number, 1 or more)
+//! overrides the CPU count, for tests and measurements.
 
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -41,13 +54,23 @@ use crate::decompress::{open_blob, Compression, Meter, OpenError};
 pub(crate) const CHUNK: usize = 256 * 1024;
 /// Chunks that may wait between decompression and parsing (4 MiB).
 pub(crate) const CHUNK_QUEUE: usize = 16;
-/// Messages that may wait for one object worker (at most 2 MiB of data).
+/// Batches that may wait for one object worker (at most 2 MiB of data).
 pub(crate) const WORKER_QUEUE: usize = 8;
 /// Most object workers.
 pub(crate) const MAX_WORKERS: usize = 8;
 
-/// How many threads an import may use: the CPUs this process may run on.
+/// How many threads an import may use: the CPUs this process may run on,
+/// or what `CAIRN_IMPORT_THREADS` says (1: no thread at all, every stage
+/// in the caller's; more: a decompression thread and that many less one
+/// object workers). A value that is not a positive number is ignored.
 pub(crate) fn parallelism() -> usize {
+    if let Some(n) = std::env::var("CAIRN_IMPORT_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+    {
+        return n;
+    }
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
@@ -152,6 +175,10 @@ impl Read for ChunkReader {
     }
 }
 
+/// The tar parser reads the chunks straight, each 256 KiB chunk being
+/// buffer enough.
+impl crate::tar::TarSource for ChunkReader {}
+
 /// Fills `buf` from `r` as far as it goes; the bytes read (0 at the end).
 fn fill(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
@@ -237,102 +264,239 @@ pub(crate) fn stream_queues() -> StreamQueues {
     }
 }
 
-/// One message to an object worker.
-pub(crate) enum Job {
+/// Most bytes of file data in one [`Batch`] (a small file's data and the
+/// files after it go together; a larger file spans several batches).
+pub(crate) const BATCH_BYTES: usize = 256 * 1024;
+/// Most files one [`Batch`] ends.
+pub(crate) const BATCH_FILES: usize = 64;
+
+/// One step of a [`Batch`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Op {
     /// A new object starts; its number in the layer.
     Begin(u64),
-    Data(Vec<u8>),
+    /// The next `n` bytes of the batch's data are the object's.
+    Data(usize),
+    /// A hole (zeros) of this many bytes.
     Hole(u64),
     /// The object is complete.
     End,
+}
+
+/// One message to an object worker: the pieces of one or more objects,
+/// their data in one buffer. Several small files go in one message, so a
+/// worker is woken per batch, not per file.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    ops: Vec<Op>,
+    data: Vec<u8>,
+    /// Files the batch ends.
+    files: usize,
+}
+
+impl Batch {
+    fn is_full(&self) -> bool {
+        self.data.len() >= BATCH_BYTES || self.files >= BATCH_FILES
+    }
+
+    /// Whether its first step continues an object begun in an earlier
+    /// batch (which only that batch's worker can take).
+    fn continues(&self) -> bool {
+        !matches!(self.ops.first(), None | Some(Op::Begin(_)))
+    }
 }
 
 /// A worker's answer: the object's number and what became of it.
 pub(crate) type Done = (u64, Result<StagedObject, StoreError>);
 
 /// The object worker: stages each object it is sent, hashing it, and
-/// reports it.
-pub(crate) fn object_worker(store: &Store, jobs: Receiver<Job>, done: mpsc::Sender<Done>) {
+/// reports the objects each batch completed in one message. Emptied
+/// batches go back through `free` for reuse.
+pub(crate) fn object_worker(
+    store: &Store,
+    jobs: Receiver<Batch>,
+    done: mpsc::Sender<Vec<Done>>,
+    free: SyncSender<Batch>,
+) {
     let mut current: Option<(u64, Result<cairn_store::ObjectStager, StoreError>)> = None;
-    while let Ok(job) = jobs.recv() {
-        match job {
-            Job::Begin(seq) => current = Some((seq, store.stage_object())),
-            Job::Data(d) => {
-                if let Some((_, Ok(s))) = &mut current {
-                    if let Err(e) = s.write(&d) {
-                        let seq = current.take().map(|(n, _)| n).unwrap_or_default();
-                        current = Some((seq, Err(e)));
+    while let Ok(mut batch) = jobs.recv() {
+        let mut results = Vec::new();
+        let mut off = 0;
+        for op in batch.ops.drain(..) {
+            match op {
+                Op::Begin(seq) => current = Some((seq, store.stage_object())),
+                Op::Data(n) => {
+                    let d = &batch.data[off..off + n];
+                    off += n;
+                    if let Some((seq, Ok(s))) = &mut current {
+                        if let Err(e) = s.write(d) {
+                            current = Some((*seq, Err(e)));
+                        }
                     }
                 }
-            }
-            Job::Hole(n) => {
-                if let Some((_, Ok(s))) = &mut current {
-                    if let Err(e) = s.hole(n) {
-                        let seq = current.take().map(|(n, _)| n).unwrap_or_default();
-                        current = Some((seq, Err(e)));
+                Op::Hole(n) => {
+                    if let Some((seq, Ok(s))) = &mut current {
+                        if let Err(e) = s.hole(n) {
+                            current = Some((*seq, Err(e)));
+                        }
                     }
                 }
-            }
-            Job::End => {
-                if let Some((seq, stager)) = current.take() {
-                    let staged = stager.and_then(|s| s.finish(store));
-                    if done.send((seq, staged)).is_err() {
-                        return;
+                Op::End => {
+                    if let Some((seq, stager)) = current.take() {
+                        results.push((seq, stager.and_then(|s| s.finish(store))));
                     }
                 }
             }
         }
+        if !results.is_empty() && done.send(results).is_err() {
+            return;
+        }
+        batch.data.clear();
+        batch.files = 0;
+        let _ = free.try_send(batch);
     }
 }
 
-/// The parse stage's side of the object workers.
+/// The parse stage's side of the object workers: fills batches and hands
+/// each, when full, to a worker whose queue has room (a big file's later
+/// batches to the worker that has its beginning); collects the results.
 pub(crate) struct Objects {
-    workers: Vec<SyncSender<Job>>,
-    done: Receiver<Done>,
-    next_worker: usize,
+    workers: Vec<SyncSender<Batch>>,
+    done: Receiver<Vec<Done>>,
+    free: Receiver<Batch>,
+    /// The batch being filled.
+    cur: Batch,
+    /// The worker the last batch went to: the next one sent goes to the
+    /// next worker with room, or here if it continues an object.
+    last_worker: usize,
     next_seq: u64,
     /// Objects reported and not yet claimed, by number.
     ready: HashMap<u64, Result<StagedObject, StoreError>>,
 }
 
+/// The queues between the parse stage and `n` object workers: the
+/// workers' ends (jobs, results, returned batches) and the parse stage's.
+pub(crate) type WorkerEnds = (Receiver<Batch>, mpsc::Sender<Vec<Done>>, SyncSender<Batch>);
+
 impl Objects {
-    pub(crate) fn new(workers: Vec<SyncSender<Job>>, done: Receiver<Done>) -> Objects {
-        Objects {
+    /// The parse stage's end and each worker's.
+    pub(crate) fn new(n: usize) -> (Objects, Vec<WorkerEnds>) {
+        let (done_tx, done_rx) = mpsc::channel();
+        let (free_tx, free_rx) = mpsc::sync_channel(n * (WORKER_QUEUE + 1));
+        let mut workers = Vec::with_capacity(n);
+        let mut ends = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (tx, rx) = mpsc::sync_channel(WORKER_QUEUE);
+            workers.push(tx);
+            ends.push((rx, done_tx.clone(), free_tx.clone()));
+        }
+        let objects = Objects {
             workers,
-            done,
-            next_worker: 0,
+            done: done_rx,
+            free: free_rx,
+            cur: Batch::default(),
+            last_worker: n - 1,
             next_seq: 0,
             ready: HashMap::new(),
-        }
+        };
+        (objects, ends)
     }
 
-    /// Starts a new object on the next worker; its number.
-    pub(crate) fn begin(&mut self) -> (u64, &SyncSender<Job>) {
+    /// Starts a new object; its number.
+    pub(crate) fn begin(&mut self) -> Result<u64, WorkerGone> {
+        if self.cur.is_full() {
+            self.send()?;
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let w = self.next_worker;
-        self.next_worker = (w + 1) % self.workers.len();
-        (seq, &self.workers[w])
+        self.cur.ops.push(Op::Begin(seq));
+        Ok(seq)
     }
 
-    /// The object numbered `seq`, waiting for it if `wait`.
-    pub(crate) fn take(&mut self, seq: u64, wait: bool) -> Option<Result<StagedObject, StoreError>> {
+    /// Appends data to the object begun last.
+    pub(crate) fn data(&mut self, d: &[u8]) -> Result<(), WorkerGone> {
+        if !self.cur.data.is_empty() && self.cur.data.len() + d.len() > BATCH_BYTES {
+            self.send()?;
+        }
+        if self.cur.data.capacity() == 0 {
+            self.cur.data.reserve(BATCH_BYTES);
+        }
+        self.cur.data.extend_from_slice(d);
+        match self.cur.ops.last_mut() {
+            Some(Op::Data(n)) => *n += d.len(),
+            _ => self.cur.ops.push(Op::Data(d.len())),
+        }
+        Ok(())
+    }
+
+    /// Appends a hole to the object begun last.
+    pub(crate) fn hole(&mut self, n: u64) {
+        self.cur.ops.push(Op::Hole(n));
+    }
+
+    /// Ends the object begun last.
+    pub(crate) fn end(&mut self) {
+        self.cur.ops.push(Op::End);
+        self.cur.files += 1;
+    }
+
+    /// Hands the current batch to a worker (blocking while the one it
+    /// must go to, or every one, has a full queue).
+    fn send(&mut self) -> Result<(), WorkerGone> {
+        if self.cur.ops.is_empty() {
+            return Ok(());
+        }
+        let fresh = self.free.try_recv().unwrap_or_default();
+        let mut batch = std::mem::replace(&mut self.cur, fresh);
+        let n = self.workers.len();
+        if !batch.continues() {
+            for i in 1..=n {
+                let w = (self.last_worker + i) % n;
+                match self.workers[w].try_send(batch) {
+                    Ok(()) => {
+                        self.last_worker = w;
+                        return Ok(());
+                    }
+                    Err(mpsc::TrySendError::Full(b)) => batch = b,
+                    Err(mpsc::TrySendError::Disconnected(_)) => return Err(WorkerGone),
+                }
+            }
+            // Every queue is full: wait for the next worker in turn.
+            self.last_worker = (self.last_worker + 1) % n;
+        }
+        self.workers[self.last_worker]
+            .send(batch)
+            .map_err(|_| WorkerGone)
+    }
+
+    /// The object numbered `seq`, waiting for it if `wait` (after handing
+    /// out the batch being filled, which may hold it).
+    pub(crate) fn take(
+        &mut self,
+        seq: u64,
+        wait: bool,
+    ) -> Result<Option<Result<StagedObject, StoreError>>, WorkerGone> {
         while let Ok(d) = self.done.try_recv() {
-            self.ready.insert(d.0, d.1);
+            self.ready.extend(d);
+        }
+        if wait {
+            self.send()?;
         }
         loop {
             if let Some(r) = self.ready.remove(&seq) {
-                return Some(r);
+                return Ok(Some(r));
             }
             if !wait {
-                return None;
+                return Ok(None);
             }
             match self.done.recv() {
-                Ok(d) => {
-                    self.ready.insert(d.0, d.1);
-                }
-                Err(_) => return None,
+                Ok(d) => self.ready.extend(d),
+                Err(_) => return Err(WorkerGone),
             }
         }
     }
 }
+
+/// An object worker stopped before its queue was closed.
+#[derive(Debug)]
+pub(crate) struct WorkerGone;
