@@ -555,6 +555,30 @@ struct LayerBuilder<'s> {
     waiting: VecDeque<Waiting>,
 }
 
+fn worker_gone(_: pipeline::WorkerGone) -> AddError {
+    AddError::Reason("the object worker stopped".into())
+}
+
+/// A file's data, read by the tar parser straight into the object
+/// workers' batch.
+struct ToWorkers<'o>(&'o mut pipeline::Objects);
+
+impl crate::tar::DataSink<AddError> for ToWorkers<'_> {
+    fn room(&mut self, want: usize) -> Result<&mut [u8], AddError> {
+        self.0.room(want).map_err(worker_gone)
+    }
+
+    fn filled(&mut self, n: usize) -> Result<(), AddError> {
+        self.0.filled(n);
+        Ok(())
+    }
+
+    fn hole(&mut self, n: u64) -> Result<(), AddError> {
+        self.0.hole(n);
+        Ok(())
+    }
+}
+
 /// A record line that waits for its object.
 struct Waiting {
     path: Vec<u8>,
@@ -814,15 +838,8 @@ impl<'s> LayerBuilder<'s> {
         e: &TarEntry,
     ) -> Result<u64, AddError> {
         let objects = self.objects.as_mut().expect("object workers");
-        let gone = |_| AddError::Reason("the object worker stopped".into());
-        let seq = objects.begin().map_err(gone)?;
-        tar.copy_data::<AddError>(e, |c| match c {
-            Chunk::Data(d) => objects.data(d).map_err(gone),
-            Chunk::Hole(n) => {
-                objects.hole(n);
-                Ok(())
-            }
-        })?;
+        let seq = objects.begin(e.size).map_err(worker_gone)?;
+        tar.copy_data_into(e, &mut ToWorkers(objects))?;
         objects.end();
         Ok(seq)
     }

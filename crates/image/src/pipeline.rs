@@ -17,7 +17,10 @@
 //! Messages carry batches, not files: the data of many small files (and
 //! the beginnings, ends and holes of each) travel in one buffer, so a
 //! thread is woken once per batch rather than once per file, and a small
-//! file costs no message of its own. A batch goes to the next worker whose
+//! file costs no message of its own (nor is it split between two). The
+//! tar parser reads file data from the chunk straight into the batch, and
+//! the worker writes it to the object file from there: one copy between
+//! the decompressor's output and the object file. A batch goes to the next worker whose
 //! queue has room, so one big file (whose later batches must go to the
 //! worker that has its beginning) does not hold up the files after it
 //! while another worker is free.
@@ -289,14 +292,19 @@ pub(crate) enum Op {
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
     ops: Vec<Op>,
+    /// [`BATCH_BYTES`] long once used (zeroed once, when first allocated,
+    /// then reused as it is): the tar parser reads file data straight into
+    /// it, the worker writes it from there.
     data: Vec<u8>,
+    /// Bytes of `data` in use.
+    len: usize,
     /// Files the batch ends.
     files: usize,
 }
 
 impl Batch {
     fn is_full(&self) -> bool {
-        self.data.len() >= BATCH_BYTES || self.files >= BATCH_FILES
+        self.len >= BATCH_BYTES || self.files >= BATCH_FILES
     }
 
     /// Whether its first step continues an object begun in an earlier
@@ -351,7 +359,7 @@ pub(crate) fn object_worker(
         if !results.is_empty() && done.send(results).is_err() {
             return;
         }
-        batch.data.clear();
+        batch.len = 0;
         batch.files = 0;
         let _ = free.try_send(batch);
     }
@@ -402,9 +410,10 @@ impl Objects {
         (objects, ends)
     }
 
-    /// Starts a new object; its number.
-    pub(crate) fn begin(&mut self) -> Result<u64, WorkerGone> {
-        if self.cur.is_full() {
+    /// Starts a new object of `size` bytes (data and holes); its number.
+    /// An object that fits in a batch is not split between two.
+    pub(crate) fn begin(&mut self, size: u64) -> Result<u64, WorkerGone> {
+        if self.cur.is_full() || (self.cur.len as u64).saturating_add(size) > BATCH_BYTES as u64 {
             self.send()?;
         }
         let seq = self.next_seq;
@@ -413,20 +422,28 @@ impl Objects {
         Ok(seq)
     }
 
-    /// Appends data to the object begun last.
-    pub(crate) fn data(&mut self, d: &[u8]) -> Result<(), WorkerGone> {
-        if !self.cur.data.is_empty() && self.cur.data.len() + d.len() > BATCH_BYTES {
+    /// Room in the batch for up to `want` more bytes of the object begun
+    /// last (handing a full batch on first); [`filled`](Self::filled)
+    /// says how much of it was used.
+    pub(crate) fn room(&mut self, want: usize) -> Result<&mut [u8], WorkerGone> {
+        if self.cur.len >= BATCH_BYTES {
             self.send()?;
         }
-        if self.cur.data.capacity() == 0 {
-            self.cur.data.reserve(BATCH_BYTES);
+        if self.cur.data.len() < BATCH_BYTES {
+            self.cur.data.resize(BATCH_BYTES, 0);
         }
-        self.cur.data.extend_from_slice(d);
+        let end = self.cur.len + want.min(BATCH_BYTES - self.cur.len);
+        Ok(&mut self.cur.data[self.cur.len..end])
+    }
+
+    /// The first `n` bytes of the last [`room`](Self::room) are the
+    /// object's next data.
+    pub(crate) fn filled(&mut self, n: usize) {
+        self.cur.len += n;
         match self.cur.ops.last_mut() {
-            Some(Op::Data(n)) => *n += d.len(),
-            _ => self.cur.ops.push(Op::Data(d.len())),
+            Some(Op::Data(k)) => *k += n,
+            _ => self.cur.ops.push(Op::Data(n)),
         }
-        Ok(())
     }
 
     /// Appends a hole to the object begun last.
