@@ -38,7 +38,7 @@
 //!   many a layer may have is [`Limits::max_hole_bytes`] and
 //!   [`Limits::max_sparse_segments`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{BufReader, Read};
 
 use cairn_erofs::tree::{
@@ -51,10 +51,11 @@ use cairn_store::{
 };
 
 use crate::decompress::{
-    compression_for_media_type, open_blob, DecompressError, LimitError, OpenError, SourceError,
+    compression_for_media_type, open_blob, Compression, DecompressError, LimitError, OpenError,
+    SourceError,
 };
 use crate::tar::{Chunk, EntryKind, TarEntry, TarError, TarErrorKind, TarLimits, TarReader};
-use crate::LayerError;
+use crate::{pipeline, LayerError};
 
 /// The name of an opaque-directory marker.
 pub(crate) const OPAQUE: &[u8] = b".wh..wh..opq";
@@ -160,7 +161,7 @@ pub fn has_layer(store: &Store, diff_id: &str) -> bool {
 /// given and the store has that layer already, `blob` is not read at all.
 pub fn import_layer(
     store: &Store,
-    blob: impl Read,
+    blob: impl Read + Send,
     media_type: Option<&str>,
     expected_blob_digest: Option<&str>,
     expected_diff_id: Option<&str>,
@@ -204,63 +205,93 @@ pub fn import_layer(
     )))?;
     let started = std::time::Instant::now();
 
-    let (stream, compression, meter) =
-        open_blob(blob, declared, limits.max_layer_bytes, limits.max_ratio).map_err(
-            |e| match e {
-                OpenError::Read(source) => classify_io(&layer, source, None),
-                OpenError::Mismatch(reason) => LayerError::Invalid {
-                    layer: layer.clone(),
-                    reason,
-                },
-            },
-        )?;
-    let mut tar = TarReader::new(
-        BufReader::with_capacity(64 * 1024, stream),
-        TarLimits::from(limits),
-    );
-    let mut b =
-        LayerBuilder::new(store).map_err(|e| store_err(&layer, "starting the layer record", e))?;
-    loop {
-        let entry = match tar.next_entry() {
-            Ok(Some(e)) => e,
-            Ok(None) => break,
-            // A limit is about what parsed fine: no reason to read on.
-            Err(e) if matches!(e.kind, TarErrorKind::Limit(_)) => return Err(tar_err(&layer, e)),
-            Err(e) => return Err(explain(&mut tar, compression, tar_err(&layer, e), &layer)),
-        };
-        b.entries += 1;
-        if b.entries > limits.max_entries {
-            return Err(LayerError::Limit {
-                layer,
-                reason: format!("more than {} tar entries", limits.max_entries),
+    let open_err = |e: OpenError| match e {
+        OpenError::Read(source) => classify_io(&layer, source, None),
+        OpenError::Mismatch(reason) => LayerError::Invalid {
+            layer: layer.clone(),
+            reason,
+        },
+    };
+    let threads = pipeline::parallelism();
+    let (mut b, compression, totals) = if threads <= 1 {
+        // One CPU: every stage in this thread, one after the other.
+        let (stream, compression, meter) =
+            open_blob(blob, declared, limits.max_layer_bytes, limits.max_ratio)
+                .map_err(open_err)?;
+        let mut tar = TarReader::new(
+            BufReader::with_capacity(64 * 1024, stream),
+            TarLimits::from(limits),
+        );
+        let mut b = LayerBuilder::new(store, None)
+            .map_err(|e| store_err(&layer, "starting the layer record", e))?;
+        parse_layer(&mut tar, compression, &mut b, limits, &layer)?;
+        drop(tar);
+        (b, compression, pipeline::Totals::of(&meter))
+    } else {
+        std::thread::scope(|s| {
+            let q = pipeline::stream_queues();
+            let (max_bytes, max_ratio) = (limits.max_layer_bytes, limits.max_ratio);
+            let decompressor = s.spawn(move || {
+                pipeline::decompress(
+                    blob,
+                    declared,
+                    max_bytes,
+                    max_ratio,
+                    q.opened_tx,
+                    q.tx,
+                    q.free_rx,
+                )
             });
-        }
-        let (path, offset) = (entry.path.clone(), entry.offset);
-        let added = b.add(&mut tar, entry).map_err(|e| match e {
-            AddError::Reason(reason) => LayerError::Entry {
-                layer: layer.clone(),
-                entry: lossy(&path),
-                offset,
-                reason,
-            },
-            AddError::Tar(e) => tar_err(&layer, e),
-            AddError::Store(e) => store_err(&layer, &format!("storing {}", lossy(&path)), e),
-        });
-        if let Err(e) = added {
-            return Err(explain(&mut tar, compression, e, &layer));
-        }
-    }
-    tar.drain().map_err(|e| tar_err(&layer, e))?;
-    drop(tar);
+            let compression = match q.opened_rx.recv() {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return Err(open_err(e)),
+                Err(_) => {
+                    return Err(LayerError::Invalid {
+                        layer: layer.clone(),
+                        reason: "the decompression thread stopped".into(),
+                    })
+                }
+            };
+            let workers = (threads - 1).clamp(1, pipeline::MAX_WORKERS);
+            let (objects, ends) = pipeline::Objects::new(workers);
+            for (jobs, done, free) in ends {
+                s.spawn(move || pipeline::object_worker(store, jobs, done, free));
+            }
+            let mut b = LayerBuilder::new(store, Some(objects))
+                .map_err(|e| store_err(&layer, "starting the layer record", e))?;
+            // The chunks are the buffer: no BufReader (and no copy) between.
+            let mut tar = TarReader::new(q.reader, TarLimits::from(limits));
+            parse_layer(&mut tar, compression, &mut b, limits, &layer)?;
+            drop(tar);
+            b.settle_all().map_err(|e| add_err(&layer, b"", 0, e))?;
+            // The workers end when their queues close.
+            b.objects = None;
+            let totals = decompressor
+                .join()
+                .map_err(|_| LayerError::Invalid {
+                    layer: layer.clone(),
+                    reason: "the decompression thread panicked".into(),
+                })?
+                .ok_or_else(|| LayerError::Invalid {
+                    layer: layer.clone(),
+                    reason: "the decompression thread ended without totals".into(),
+                })?;
+            Ok((b, compression, totals))
+        })?
+    };
     tracing::debug!(
         "layer {layer}: {} entries, {} bytes read in {:?}",
         b.entries,
-        meter.uncompressed.get(),
+        totals.uncompressed,
         started.elapsed()
     );
 
-    let blob_digest = meter.blob_digest();
-    let diff_id = meter.diff_id();
+    let pipeline::Totals {
+        blob_digest,
+        diff_id,
+        compressed,
+        uncompressed,
+    } = totals;
     if let Some(expected) = expected_blob_digest {
         if expected != blob_digest {
             return Err(LayerError::Digest {
@@ -287,8 +318,8 @@ pub fn import_layer(
         blob_digest: Some(blob_digest),
         media_type: media_type.map(str::to_owned),
         compression: compression.name().to_owned(),
-        size: meter.uncompressed.get(),
-        compressed_size: meter.compressed.get(),
+        size: uncompressed,
+        compressed_size: compressed,
         entries: b.entries,
         objects: b.staged.len() as u64,
     };
@@ -322,17 +353,63 @@ pub fn import_layer(
     Ok(LayerInfo::from_record(&record, false))
 }
 
+/// Reads every entry of the tar stream into `b`.
+fn parse_layer<R: crate::tar::TarSource>(
+    tar: &mut TarReader<R>,
+    compression: Compression,
+    b: &mut LayerBuilder<'_>,
+    limits: &Limits,
+    layer: &str,
+) -> Result<(), LayerError> {
+    loop {
+        let entry = match tar.next_entry() {
+            Ok(Some(e)) => e,
+            Ok(None) => break,
+            // A limit is about what parsed fine: no reason to read on.
+            Err(e) if matches!(e.kind, TarErrorKind::Limit(_)) => return Err(tar_err(layer, e)),
+            Err(e) => return Err(explain(tar, compression, tar_err(layer, e), layer)),
+        };
+        b.entries += 1;
+        if b.entries > limits.max_entries {
+            return Err(LayerError::Limit {
+                layer: layer.to_owned(),
+                reason: format!("more than {} tar entries", limits.max_entries),
+            });
+        }
+        let (path, offset) = (entry.path.clone(), entry.offset);
+        if let Err(e) = b.add(tar, entry) {
+            let e = add_err(layer, &path, offset, e);
+            return Err(explain(tar, compression, e, layer));
+        }
+    }
+    tar.drain().map_err(|e| tar_err(layer, e))?;
+    Ok(())
+}
+
+fn add_err(layer: &str, path: &[u8], offset: u64, e: AddError) -> LayerError {
+    match e {
+        AddError::Reason(reason) => LayerError::Entry {
+            layer: layer.to_owned(),
+            entry: lossy(path),
+            offset,
+            reason,
+        },
+        AddError::Tar(e) => tar_err(layer, e),
+        AddError::Store(e) => store_err(layer, &format!("storing {}", lossy(path)), e),
+    }
+}
+
 /// A compressed stream that does not parse as tar is more often corrupt
 /// than a bad archive: if reading on to its end shows the compression is
 /// broken (a checksum, a bad block), that is the error to report.
 fn explain<R: crate::tar::TarSource>(
     tar: &mut TarReader<R>,
-    compression: crate::decompress::Compression,
+    compression: Compression,
     err: LayerError,
     layer: &str,
 ) -> LayerError {
     let parse_error = matches!(err, LayerError::Invalid { .. } | LayerError::Entry { .. });
-    if !parse_error || compression == crate::decompress::Compression::None {
+    if !parse_error || compression == Compression::None {
         return err;
     }
     match tar.drain() {
@@ -367,22 +444,22 @@ fn classify_io(layer: &str, e: std::io::Error, at: Option<u64>) -> LayerError {
     let at = at
         .map(|o| format!(" at byte {o} of the tar stream"))
         .unwrap_or_default();
-    if let Some(inner) = e.get_ref() {
-        if inner.is::<SourceError>() {
-            return LayerError::Read { layer, source: e };
-        }
-        if let Some(d) = inner.downcast_ref::<DecompressError>() {
-            return LayerError::Invalid {
-                layer,
-                reason: format!("{d}{at}"),
-            };
-        }
-        if let Some(l) = inner.downcast_ref::<LimitError>() {
-            return LayerError::Limit {
-                layer,
-                reason: format!("{l}{at}"),
-            };
-        }
+    // What the reader stack said, also when another thread ran it.
+    let inner = pipeline::original(&e).get_ref();
+    if inner.is_some_and(|i| i.is::<SourceError>()) {
+        return LayerError::Read { layer, source: e };
+    }
+    if let Some(d) = inner.and_then(|i| i.downcast_ref::<DecompressError>()) {
+        return LayerError::Invalid {
+            layer,
+            reason: format!("{d}{at}"),
+        };
+    }
+    if let Some(l) = inner.and_then(|i| i.downcast_ref::<LimitError>()) {
+        return LayerError::Limit {
+            layer,
+            reason: format!("{l}{at}"),
+        };
     }
     LayerError::Invalid {
         layer,
@@ -471,7 +548,48 @@ struct LayerBuilder<'s> {
     /// Objects staged so far, by id (each content once).
     staged: HashMap<ObjectId, StagedObject>,
     entries: u64,
+    /// The object workers, if objects are staged in other threads.
+    objects: Option<pipeline::Objects>,
+    /// Entries whose line waits for an object a worker is writing (the
+    /// first one does), in stream order.
+    waiting: VecDeque<Waiting>,
 }
+
+fn worker_gone(_: pipeline::WorkerGone) -> AddError {
+    AddError::Reason("the object worker stopped".into())
+}
+
+/// A file's data, read by the tar parser straight into the object
+/// workers' batch.
+struct ToWorkers<'o>(&'o mut pipeline::Objects);
+
+impl crate::tar::DataSink<AddError> for ToWorkers<'_> {
+    fn room(&mut self, want: usize) -> Result<&mut [u8], AddError> {
+        self.0.room(want).map_err(worker_gone)
+    }
+
+    fn filled(&mut self, n: usize) -> Result<(), AddError> {
+        self.0.filled(n);
+        Ok(())
+    }
+
+    fn hole(&mut self, n: u64) -> Result<(), AddError> {
+        self.0.hole(n);
+        Ok(())
+    }
+}
+
+/// A record line that waits for its object.
+struct Waiting {
+    path: Vec<u8>,
+    inode: Inode,
+    hardlink: Option<Vec<u8>>,
+    /// The object's number, for a regular file staged by a worker.
+    object: Option<u64>,
+}
+
+/// Lines that may wait for objects before the parser waits for them too.
+const MAX_WAITING: usize = 1 << 16;
 
 /// Flush the record's pending lines once they reach this size.
 const RECORD_BUFFER: usize = 1 << 20;
@@ -519,17 +637,37 @@ fn absolute(comps: &[&[u8]]) -> Vec<u8> {
 }
 
 impl<'s> LayerBuilder<'s> {
-    fn new(store: &'s Store) -> Result<Self, StoreError> {
+    fn new(store: &'s Store, objects: Option<pipeline::Objects>) -> Result<Self, StoreError> {
         Ok(LayerBuilder {
             store,
             writer: store.layer_writer()?,
             pending: Vec::with_capacity(RECORD_BUFFER + 64 * 1024),
             staged: HashMap::new(),
             entries: 0,
+            objects,
+            waiting: VecDeque::new(),
         })
     }
 
     fn write_line(
+        &mut self,
+        path: &[u8],
+        inode: &Inode,
+        hardlink: Option<&[u8]>,
+    ) -> Result<(), AddError> {
+        if !self.waiting.is_empty() {
+            self.waiting.push_back(Waiting {
+                path: path.to_vec(),
+                inode: inode.clone(),
+                hardlink: hardlink.map(<[u8]>::to_vec),
+                object: None,
+            });
+            return self.settle(false);
+        }
+        self.format_line(path, inode, hardlink)
+    }
+
+    fn format_line(
         &mut self,
         path: &[u8],
         inode: &Inode,
@@ -540,6 +678,54 @@ impl<'s> LayerBuilder<'s> {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// Writes the waiting lines whose objects are done, from the first on;
+    /// with `wait` (or too many waiting), waits for the first one's.
+    fn settle(&mut self, wait: bool) -> Result<(), AddError> {
+        while let Some(front) = self.waiting.front() {
+            let mut w = if let Some(seq) = front.object {
+                let must = wait || self.waiting.len() > MAX_WAITING;
+                let objects = self.objects.as_mut().expect("objects while lines wait");
+                let gone = |_| {
+                    AddError::Reason(format!(
+                        "storing {}: the object worker stopped",
+                        lossy(&front.path)
+                    ))
+                };
+                let Some(done) = objects.take(seq, must).map_err(gone)? else {
+                    if must {
+                        return Err(AddError::Reason(format!(
+                            "storing {}: the object worker stopped",
+                            lossy(&front.path)
+                        )));
+                    }
+                    return Ok(());
+                };
+                let staged = done.map_err(|e| {
+                    AddError::Reason(format!("storing {}: {e}", lossy(&front.path)))
+                })?;
+                let mut w = self.waiting.pop_front().expect("the front");
+                let id = staged.id();
+                w.inode.data = InodeData::Regular(RegularFile {
+                    content: None,
+                    payload: Some(id.object_path().into_bytes()),
+                    digest: Some(id.0),
+                });
+                self.staged.entry(id).or_insert(staged);
+                w
+            } else {
+                self.waiting.pop_front().expect("the front")
+            };
+            let hardlink = w.hardlink.take();
+            self.format_line(&w.path, &w.inode, hardlink.as_deref())?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every object and writes every waiting line.
+    fn settle_all(&mut self) -> Result<(), AddError> {
+        self.settle(true)
     }
 
     fn flush(&mut self) -> Result<(), AddError> {
@@ -629,9 +815,33 @@ impl<'s> LayerBuilder<'s> {
 
         let mut inode = self.inode_for(&e)?;
         if e.kind == EntryKind::Regular {
+            if self.objects.is_some() && e.size > DEFAULT_INLINE_THRESHOLD {
+                let seq = self.send_content(tar, &e)?;
+                self.waiting.push_back(Waiting {
+                    path,
+                    inode,
+                    hardlink: None,
+                    object: Some(seq),
+                });
+                return self.settle(false);
+            }
             inode.data = InodeData::Regular(self.read_content(tar, &e)?);
         }
         self.write_line(&path, &inode, None)
+    }
+
+    /// Hands a regular file's content to an object worker; the object's
+    /// number.
+    fn send_content<R: crate::tar::TarSource>(
+        &mut self,
+        tar: &mut TarReader<R>,
+        e: &TarEntry,
+    ) -> Result<u64, AddError> {
+        let objects = self.objects.as_mut().expect("object workers");
+        let seq = objects.begin(e.size).map_err(worker_gone)?;
+        tar.copy_data_into(e, &mut ToWorkers(objects))?;
+        objects.end();
+        Ok(seq)
     }
 
     /// The inode an entry describes (regular files without content yet).

@@ -32,6 +32,7 @@ mod export;
 mod fuzz;
 mod layer;
 mod pax;
+mod pipeline;
 mod scan;
 mod tar;
 

@@ -191,6 +191,38 @@ pub(crate) trait TarSource: Read {
 
 impl<R: Read> TarSource for io::BufReader<R> {}
 
+/// Where [`TarReader::copy_data_into`] puts an entry's data.
+pub(crate) trait DataSink<E> {
+    /// A buffer (not empty) to read the next at most `want` bytes into.
+    fn room(&mut self, want: usize) -> Result<&mut [u8], E>;
+    /// The first `n` bytes of the buffer [`room`](Self::room) gave last
+    /// are the entry's next data.
+    fn filled(&mut self, n: usize) -> Result<(), E>;
+    /// `n` zero bytes (a hole of a sparse file).
+    fn hole(&mut self, n: u64) -> Result<(), E>;
+}
+
+/// [`TarReader::copy_data`]'s sink: one buffer, each piece handed on.
+struct BufSink<'b, F> {
+    buf: &'b mut [u8],
+    sink: F,
+}
+
+impl<E, F: FnMut(Chunk<'_>) -> Result<(), E>> DataSink<E> for BufSink<'_, F> {
+    fn room(&mut self, want: usize) -> Result<&mut [u8], E> {
+        let n = want.min(self.buf.len());
+        Ok(&mut self.buf[..n])
+    }
+
+    fn filled(&mut self, n: usize) -> Result<(), E> {
+        (self.sink)(Chunk::Data(&self.buf[..n]))
+    }
+
+    fn hole(&mut self, n: u64) -> Result<(), E> {
+        (self.sink)(Chunk::Hole(n))
+    }
+}
+
 /// Reads entries one after the other.
 pub(crate) struct TarReader<R> {
     r: R,
@@ -840,22 +872,44 @@ impl<R: TarSource> TarReader<R> {
     pub(crate) fn copy_data<E: From<TarError>>(
         &mut self,
         entry: &TarEntry,
-        mut sink: impl FnMut(Chunk<'_>) -> Result<(), E>,
+        sink: impl FnMut(Chunk<'_>) -> Result<(), E>,
     ) -> Result<(), E> {
         if self.buf.is_empty() {
             self.buf = vec![0u8; COPY_BUFFER];
         }
+        let mut buf = std::mem::take(&mut self.buf);
+        let r = self.copy_data_into(
+            entry,
+            &mut BufSink {
+                buf: &mut buf,
+                sink,
+            },
+        );
+        self.buf = buf;
+        r
+    }
+
+    /// Reads the current entry's data straight into the buffers `sink`
+    /// gives (no copy in between); holes go to [`DataSink::hole`]. Call at
+    /// most once per entry, before `next_entry`.
+    pub(crate) fn copy_data_into<E: From<TarError>>(
+        &mut self,
+        entry: &TarEntry,
+        sink: &mut impl DataSink<E>,
+    ) -> Result<(), E> {
         let mut cur = 0u64;
         let single = [(0u64, entry.stored)];
         let segments: &[(u64, u64)] = entry.sparse.as_deref().unwrap_or(&single);
         for &(off, len) in segments {
             if off > cur {
-                sink(Chunk::Hole(off - cur))?;
+                sink.hole(off - cur)?;
             }
             let mut left = len;
             while left > 0 {
-                let n = left.min(self.buf.len() as u64) as usize;
-                let got = match self.r.read(&mut self.buf[..n]) {
+                let room = sink.room(usize::try_from(left).unwrap_or(usize::MAX))?;
+                debug_assert!(!room.is_empty(), "DataSink::room gave no room");
+                let n = left.min(room.len() as u64) as usize;
+                let got = match self.r.read(&mut room[..n]) {
                     Ok(0) => {
                         return Err(TarError::new(
                             self.pos,
@@ -878,12 +932,12 @@ impl<R: TarSource> TarReader<R> {
                 self.pos += got as u64;
                 self.pending -= got as u64;
                 left -= got as u64;
-                sink(Chunk::Data(&self.buf[..got]))?;
+                sink.filled(got)?;
             }
             cur = off + len;
         }
         if entry.size > cur {
-            sink(Chunk::Hole(entry.size - cur))?;
+            sink.hole(entry.size - cur)?;
         }
         Ok(())
     }

@@ -136,6 +136,13 @@ pub struct Store {
     /// a store only to read it writes nothing.
     staging: Mutex<Option<Arc<Staging>>>,
     verity: OnceLock<VeritySupport>,
+    /// Which fan-out directories of `objects/` this Store has seen: read
+    /// once, on the first object staged, and kept up to date by
+    /// [`publish_staged`](Self::publish_staged). An object whose fan-out
+    /// directory is missing is not in the store, so staging it needs no
+    /// `lstat` to find out; one made meanwhile by another process costs
+    /// at most a duplicate staged file (dropped at publication).
+    fanouts: OnceLock<object::Fanouts>,
 }
 
 impl Store {
@@ -168,6 +175,7 @@ impl Store {
             root,
             staging: Mutex::new(None),
             verity: OnceLock::new(),
+            fanouts: OnceLock::new(),
         };
         // Cleaning is housekeeping: a store we may read but not write (or a
         // stuck entry) must not stop anyone from using it.

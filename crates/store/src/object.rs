@@ -33,6 +33,38 @@ impl Store {
         self.objects_dir().join(id.object_path())
     }
 
+    /// Whether the object may be in the store: false, without a system
+    /// call, when its fan-out directory was missing when this Store last
+    /// looked (see [`Fanouts`]); otherwise [`has_object`](Self::has_object).
+    pub(crate) fn may_have_object(&self, id: &ObjectId) -> bool {
+        self.fanouts().has(id.0[0]) && self.has_object(id)
+    }
+
+    /// The fan-out directories seen so far, read from `objects/` the first
+    /// time.
+    pub(crate) fn fanouts(&self) -> &Fanouts {
+        self.fanouts.get_or_init(|| {
+            let f = Fanouts::default();
+            match fs::read_dir(self.objects_dir()) {
+                Ok(entries) => {
+                    for e in entries.flatten() {
+                        let name = e.file_name();
+                        let name = name.to_str().unwrap_or("");
+                        if name.len() == 2 && is_lower_hex(name) {
+                            if let Ok(b) = u8::from_str_radix(name, 16) {
+                                f.set(b);
+                            }
+                        }
+                    }
+                }
+                // Unreadable: assume every one is there (and look each
+                // object up).
+                Err(_) => (0..=255).for_each(|b| f.set(b)),
+            }
+            f
+        })
+    }
+
     /// Whether the object is in the store (as a regular file).
     pub fn has_object(&self, id: &ObjectId) -> bool {
         fs::symlink_metadata(self.object_path(id))
@@ -223,6 +255,9 @@ impl Store {
             .parent()
             .expect("object paths have a fan-out directory");
         self.ensure_fanout_dir(fanout)?;
+        if let Some(f) = self.fanouts.get() {
+            f.set(id.0[0]);
+        }
         if tmp.persist(&dest, false)? == Persisted::Created && sync_fanout {
             sync_dir(fanout, &self.root)?;
         }
@@ -254,6 +289,23 @@ impl Store {
             outer,
             inner: None,
         })
+    }
+}
+
+/// Which of the 256 fan-out directories `objects/ab/` exist, as far as
+/// one [`Store`] knows: a bit set is a directory seen or made; a bit clear
+/// one that was missing when last looked at (another process may have made
+/// it since, which is harmless: see `Store::fanouts`).
+#[derive(Debug, Default)]
+pub(crate) struct Fanouts([std::sync::atomic::AtomicU64; 4]);
+
+impl Fanouts {
+    pub(crate) fn has(&self, b: u8) -> bool {
+        self.0[(b >> 6) as usize].load(std::sync::atomic::Ordering::Relaxed) & (1 << (b & 63)) != 0
+    }
+
+    pub(crate) fn set(&self, b: u8) {
+        self.0[(b >> 6) as usize].fetch_or(1 << (b & 63), std::sync::atomic::Ordering::Relaxed);
     }
 }
 

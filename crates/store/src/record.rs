@@ -216,6 +216,9 @@ pub struct ObjectStager {
     len: u64,
     /// Whether the file position is behind `len` (a hole at the end).
     hole_at_end: bool,
+    /// Whether the file was created with the object's mode already (the
+    /// umask took none of its bits), so `finish` need not `fchmod` it.
+    mode_set: bool,
 }
 
 /// A staged object, complete and hashed, not yet visible in `objects/`.
@@ -291,17 +294,19 @@ impl ObjectStager {
                 .map_err(|e| self.tmp.err("extending object", e))?;
         }
         let id = self.hasher.finalize();
-        if store.has_object(&id) {
+        if store.may_have_object(&id) {
             return Ok(StagedObject {
                 id,
                 size: self.len,
                 tmp: None,
             });
         }
-        self.tmp
-            .file()
-            .set_permissions(fs::Permissions::from_mode(0o644))
-            .map_err(|e| self.tmp.err("setting mode of object", e))?;
+        if !self.mode_set {
+            self.tmp
+                .file()
+                .set_permissions(fs::Permissions::from_mode(OBJECT_MODE))
+                .map_err(|e| self.tmp.err("setting mode of object", e))?;
+        }
         self.tmp.close();
         Ok(StagedObject {
             id,
@@ -309,6 +314,21 @@ impl ObjectStager {
             tmp: Some(self.tmp),
         })
     }
+}
+
+/// The mode of an object file.
+const OBJECT_MODE: u32 = 0o644;
+
+/// The process's umask, as `/proc/self/status` says (read once; cairn
+/// never changes it), or `None` if it cannot be read. `umask(2)` cannot
+/// read it without setting it, which races with other threads.
+fn process_umask() -> Option<u32> {
+    static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let status = fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+        u32::from_str_radix(line.trim(), 8).ok()
+    })
 }
 
 /// A layer directory being built in the staging area; see
@@ -536,12 +556,20 @@ impl Store {
     }
 
     /// Starts staging an object's content.
+    ///
+    /// The file is created with the object's mode (0644) when the umask
+    /// leaves it whole, else private and set at [`ObjectStager::finish`]:
+    /// either way its mode is 0644 before it is published. (The staging
+    /// directory is 0700: nobody else can open it meanwhile.)
     pub fn stage_object(&self) -> Result<ObjectStager, StoreError> {
+        let mode_set = process_umask().is_some_and(|m| m & OBJECT_MODE == 0);
+        let mode = if mode_set { OBJECT_MODE } else { 0o600 };
         Ok(ObjectStager {
-            tmp: self.staging()?.tmp_file("o")?,
+            tmp: self.staging()?.tmp_file_mode("o", mode)?,
             hasher: FsVerityHasher::new(),
             len: 0,
             hole_at_end: false,
+            mode_set,
         })
     }
 
@@ -566,8 +594,31 @@ impl Store {
         rustix::fs::syncfs(&dir)
             .map_err(|e| StoreError::io("syncing", staging.path(), &self.root, e.into()))?;
         let verity = self.verity_supported();
-        let mut touched = BTreeSet::new();
+        // Each fan-out directory once (not once per object): at most 256
+        // `mkdir`s, whatever the number of objects.
+        let mut fanouts = [false; 256];
         let mut new_fanout = false;
+        for (id, _) in &objects {
+            let b = id.0[0];
+            if std::mem::replace(&mut fanouts[b as usize], true) {
+                continue;
+            }
+            let fanout = self.objects_dir().join(format!("{b:02x}"));
+            match fs::DirBuilder::new().mode(0o755).create(&fanout) {
+                Ok(()) => {
+                    fs::set_permissions(&fanout, fs::Permissions::from_mode(0o755))
+                        .map_err(|e| StoreError::io("setting mode of", &fanout, &self.root, e))?;
+                    new_fanout = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(StoreError::io("creating", &fanout, &self.root, e)),
+            }
+            self.fanouts().set(b);
+        }
+        if new_fanout {
+            sync_dir(&self.objects_dir(), &self.root)?;
+        }
+        let mut touched = [false; 256];
         for (id, tmp) in objects {
             if verity {
                 kernel::enable_on_path(tmp.path()).map_err(|error| StoreError::Verity {
@@ -580,29 +631,12 @@ impl Store {
                     error,
                 })?;
             }
-            let dest = self.object_path(&id);
-            let fanout = dest
-                .parent()
-                .expect("object paths have a fan-out directory")
-                .to_path_buf();
-            match fs::DirBuilder::new().mode(0o755).create(&fanout) {
-                Ok(()) => {
-                    fs::set_permissions(&fanout, fs::Permissions::from_mode(0o755))
-                        .map_err(|e| StoreError::io("setting mode of", &fanout, &self.root, e))?;
-                    new_fanout = true;
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(StoreError::io("creating", &fanout, &self.root, e)),
-            }
-            if tmp.persist(&dest, false)? == Persisted::Created {
-                touched.insert(fanout);
+            if tmp.persist(&self.object_path(&id), false)? == Persisted::Created {
+                touched[id.0[0] as usize] = true;
             }
         }
-        if new_fanout {
-            sync_dir(&self.objects_dir(), &self.root)?;
-        }
-        for dir in touched {
-            sync_dir(&dir, &self.root)?;
+        for (b, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
+            sync_dir(&self.objects_dir().join(format!("{b:02x}")), &self.root)?;
         }
         Ok(())
     }

@@ -77,6 +77,7 @@ impl Store {
             root,
             staging: Mutex::new(None),
             verity: OnceLock::new(),
+            fanouts: OnceLock::new(),
         })
     }
 

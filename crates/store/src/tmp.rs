@@ -86,8 +86,8 @@ pub(crate) struct Staging {
     root: PathBuf,
     path: PathBuf,
     /// The directory, open and exclusively `flock`ed; closing it (on drop)
-    /// releases the lock.
-    _lock: File,
+    /// releases the lock. Temporary files are created relative to it.
+    dir: File,
     seq: AtomicU64,
 }
 
@@ -139,7 +139,7 @@ impl Staging {
                     return Ok(Arc::new(Staging {
                         root: root.to_path_buf(),
                         path,
-                        _lock: lock,
+                        dir: lock,
                         seq: AtomicU64::new(0),
                     }))
                 }
@@ -168,34 +168,48 @@ impl Staging {
     /// `<kind>.<n>` in this staging directory. It is removed on drop unless
     /// persisted.
     pub(crate) fn tmp_file(self: &Arc<Self>, kind: &str) -> Result<TmpFile, StoreError> {
+        self.tmp_file_mode(kind, 0o600)
+    }
+
+    /// [`tmp_file`](Self::tmp_file) created with `mode` (less the umask).
+    /// The staging directory is 0700, so nobody else reaches the file
+    /// whatever its mode.
+    ///
+    /// One `openat(2)` relative to the staging directory's descriptor:
+    /// no path walk from `/`, and no `fcntl(FD_CLOEXEC)` after it (which
+    /// musl's `open` adds).
+    pub(crate) fn tmp_file_mode(
+        self: &Arc<Self>,
+        kind: &str,
+        mode: u32,
+    ) -> Result<TmpFile, StoreError> {
+        use rustix::fs::{openat, Mode, OFlags};
         loop {
             let n = self.seq.fetch_add(1, Ordering::Relaxed);
-            let path = self.path.join(format!("{kind}.{n}"));
-            match OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                .open(&path)
-            {
-                Ok(file) => {
+            let name = format!("{kind}.{n}");
+            match openat(
+                &self.dir,
+                &name,
+                OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::from_raw_mode(mode),
+            ) {
+                Ok(fd) => {
                     return Ok(TmpFile {
                         staging: Arc::clone(self),
-                        path,
-                        file: Some(file),
+                        path: self.path.join(name),
+                        file: Some(File::from(fd)),
                         done: false,
                     })
                 }
                 // Left by an earlier Store of ours in this very directory
                 // cannot happen (names are fresh), but never reuse a name.
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(Errno::EXIST) => continue,
                 Err(e) => {
                     return Err(StoreError::io(
                         "creating temporary file",
-                        &path,
+                        &self.path.join(name),
                         &self.root,
-                        e,
+                        e.into(),
                     ))
                 }
             }
@@ -206,7 +220,7 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         // Every TmpFile holds an Arc, so the directory is empty by now unless
-        // something was leaked; the lock is still held (`self._lock` closes
+        // something was leaked; the lock is still held (`self.dir` closes
         // after this body), so clearing it is safe. Failures leave debris
         // that a later clean_tmp removes.
         if fs::remove_dir(&self.path).is_err() {

@@ -1,0 +1,519 @@
+//! The threads of a layer import, so that one layer keeps every core busy.
+//!
+//! ```text
+//!  blob ──► [decompress]  read, blob digest, inflate, limits, diff_id
+//!                │  chunks of 256 KiB (bounded queue, buffers recycled)
+//!                ▼
+//!           [parse]       tar headers, layer record lines, inline files  (the caller's thread)
+//!                │  batches: up to 256 KiB of data or 64 files each
+//!                │  (a bounded queue per worker, buffers recycled)
+//!                ▼
+//!           [objects] ×N  fs-verity digest, staged object file
+//!                │  the objects each batch completed, in one message
+//!                ▼
+//!           [parse]       record lines written in stream order
+//! ```
+//!
+//! Messages carry batches, not files: the data of many small files (and
+//! the beginnings, ends and holes of each) travel in one buffer, so a
+//! thread is woken once per batch rather than once per file, and a small
+//! file costs no message of its own (nor is it split between two). The
+//! tar parser reads file data from the chunk straight into the batch, and
+//! the worker writes it to the object file from there: one copy between
+//! the decompressor's output and the object file. A batch goes to the next worker whose
+//! queue has room, so one big file (whose later batches must go to the
+//! worker that has its beginning) does not hold up the files after it
+//! while another worker is free.
+//!
+//! Every queue is bounded, so memory is too: at most [`CHUNK_QUEUE`] chunks
+//! between decompression and parsing and [`WORKER_QUEUE`] batches waiting
+//! for each object worker, whatever the layer. The record lines keep the
+//! order of the tar stream: a line whose object is still being written
+//! waits (with every line after it) until its worker reports the object's
+//! digest, so the record, the objects and the image are the same bytes as
+//! with one thread.
+//!
+//! Errors travel with the data: a failed read or decompression ends the
+//! chunk stream with that error, a failed object write comes back as that
+//! file's result. Whoever stops first drops its end of the queues, so the
+//! other stages stop at their next send or receive; staged objects of a
+//! failed import are dropped, and nothing is published.
+//!
+//! On a machine (or cgroup, or `taskset`) with one CPU no thread is
+//! started: the stages run one after the other in the caller's thread, as
+//! they would in any case. `CAIRN_IMPORT_THREADS` (a number, 1 or more)
+//! overrides the CPU count, for tests and measurements.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
+
+use cairn_store::{StagedObject, Store, StoreError};
+
+use crate::decompress::{open_blob, Compression, Meter, OpenError};
+
+/// Bytes handed from decompression to parsing at a time.
+pub(crate) const CHUNK: usize = 256 * 1024;
+/// Chunks that may wait between decompression and parsing (4 MiB).
+pub(crate) const CHUNK_QUEUE: usize = 16;
+/// Batches that may wait for one object worker (at most 2 MiB of data).
+pub(crate) const WORKER_QUEUE: usize = 8;
+/// Most object workers.
+pub(crate) const MAX_WORKERS: usize = 8;
+
+/// How many threads an import may use: the CPUs this process may run on,
+/// or what `CAIRN_IMPORT_THREADS` says (1: no thread at all, every stage
+/// in the caller's; more: a decompression thread and that many less one
+/// object workers). A value that is not a positive number is ignored.
+pub(crate) fn parallelism() -> usize {
+    if let Some(n) = std::env::var("CAIRN_IMPORT_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+    {
+        return n;
+    }
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// What the decompression stage counted and hashed, once it ended.
+#[derive(Debug, Clone)]
+pub(crate) struct Totals {
+    pub blob_digest: String,
+    pub diff_id: String,
+    pub compressed: u64,
+    pub uncompressed: u64,
+}
+
+impl Totals {
+    pub(crate) fn of(meter: &Meter) -> Totals {
+        Totals {
+            blob_digest: meter.blob_digest(),
+            diff_id: meter.diff_id(),
+            compressed: meter.compressed.get(),
+            uncompressed: meter.uncompressed.get(),
+        }
+    }
+}
+
+/// One message from decompression to parsing.
+pub(crate) enum Chunk {
+    Data(Vec<u8>),
+    Failed(io::Error),
+}
+
+/// The uncompressed stream, as another thread decompresses it.
+pub(crate) struct ChunkReader {
+    rx: Receiver<Chunk>,
+    /// Where finished buffers go back for reuse.
+    free: SyncSender<Vec<u8>>,
+    cur: Vec<u8>,
+    pos: usize,
+    /// How the stream failed, given again to every later read (as a
+    /// decompressor would).
+    failed: Option<Arc<io::Error>>,
+}
+
+/// An error of the decompression stage, as the parse stage sees it (maybe
+/// more than once): the original is inside.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamError(pub Arc<io::Error>);
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for StreamError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl StreamError {
+    fn to_io(&self) -> io::Error {
+        io::Error::new(self.0.kind(), self.clone())
+    }
+}
+
+/// The error inside `e`, if it came from the decompression stage.
+pub(crate) fn original(e: &io::Error) -> &io::Error {
+    match e.get_ref().and_then(|i| i.downcast_ref::<StreamError>()) {
+        Some(s) => &s.0,
+        None => e,
+    }
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(e) = &self.failed {
+            return Err(StreamError(Arc::clone(e)).to_io());
+        }
+        while self.pos == self.cur.len() {
+            match self.rx.recv() {
+                Ok(Chunk::Data(d)) => {
+                    let old = std::mem::replace(&mut self.cur, d);
+                    self.pos = 0;
+                    if old.capacity() == CHUNK {
+                        let _ = self.free.try_send(old);
+                    }
+                }
+                Ok(Chunk::Failed(e)) => {
+                    let e = Arc::new(e);
+                    self.failed = Some(Arc::clone(&e));
+                    return Err(StreamError(e).to_io());
+                }
+                // The sender is gone: the stream ended.
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len() - self.pos);
+        buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// The tar parser reads the chunks straight, each 256 KiB chunk being
+/// buffer enough.
+impl crate::tar::TarSource for ChunkReader {}
+
+/// Fills `buf` from `r` as far as it goes; the bytes read (0 at the end).
+fn fill(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// The decompression stage, run in its own thread: opens `blob`, tells
+/// `opened` the compression it found, then streams the uncompressed bytes
+/// into `tx` until they end, fail, or nobody listens any more.
+pub(crate) fn decompress(
+    blob: impl Read,
+    declared: Option<Compression>,
+    max_bytes: u64,
+    max_ratio: u64,
+    opened: SyncSender<Result<Compression, OpenError>>,
+    tx: SyncSender<Chunk>,
+    free: Receiver<Vec<u8>>,
+) -> Option<Totals> {
+    let (mut stream, compression, meter) = match open_blob(blob, declared, max_bytes, max_ratio) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = opened.send(Err(e));
+            return None;
+        }
+    };
+    if opened.send(Ok(compression)).is_err() {
+        return None;
+    }
+    loop {
+        let mut buf = free.try_recv().unwrap_or_else(|_| vec![0; CHUNK]);
+        buf.resize(CHUNK, 0);
+        match fill(&mut stream, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                buf.truncate(n);
+                if tx.send(Chunk::Data(buf)).is_err() {
+                    return None;
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Chunk::Failed(e));
+                return None;
+            }
+        }
+    }
+    drop(stream);
+    Some(Totals::of(&meter))
+}
+
+/// The queues between the parse stage and a decompression thread.
+pub(crate) struct StreamQueues {
+    pub opened_tx: SyncSender<Result<Compression, OpenError>>,
+    pub opened_rx: Receiver<Result<Compression, OpenError>>,
+    pub tx: SyncSender<Chunk>,
+    pub free_rx: Receiver<Vec<u8>>,
+    pub reader: ChunkReader,
+}
+
+pub(crate) fn stream_queues() -> StreamQueues {
+    let (opened_tx, opened_rx) = mpsc::sync_channel(1);
+    let (tx, rx) = mpsc::sync_channel(CHUNK_QUEUE);
+    let (free_tx, free_rx) = mpsc::sync_channel(CHUNK_QUEUE + 2);
+    StreamQueues {
+        opened_tx,
+        opened_rx,
+        tx,
+        free_rx,
+        reader: ChunkReader {
+            rx,
+            free: free_tx,
+            cur: Vec::new(),
+            pos: 0,
+            failed: None,
+        },
+    }
+}
+
+/// Most bytes of file data in one [`Batch`] (a small file's data and the
+/// files after it go together; a larger file spans several batches).
+pub(crate) const BATCH_BYTES: usize = 256 * 1024;
+/// Most files one [`Batch`] ends.
+pub(crate) const BATCH_FILES: usize = 64;
+
+/// One step of a [`Batch`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Op {
+    /// A new object starts; its number in the layer.
+    Begin(u64),
+    /// The next `n` bytes of the batch's data are the object's.
+    Data(usize),
+    /// A hole (zeros) of this many bytes.
+    Hole(u64),
+    /// The object is complete.
+    End,
+}
+
+/// One message to an object worker: the pieces of one or more objects,
+/// their data in one buffer. Several small files go in one message, so a
+/// worker is woken per batch, not per file.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    ops: Vec<Op>,
+    /// [`BATCH_BYTES`] long once used (zeroed once, when first allocated,
+    /// then reused as it is): the tar parser reads file data straight into
+    /// it, the worker writes it from there.
+    data: Vec<u8>,
+    /// Bytes of `data` in use.
+    len: usize,
+    /// Files the batch ends.
+    files: usize,
+}
+
+impl Batch {
+    fn is_full(&self) -> bool {
+        self.len >= BATCH_BYTES || self.files >= BATCH_FILES
+    }
+
+    /// Whether its first step continues an object begun in an earlier
+    /// batch (which only that batch's worker can take).
+    fn continues(&self) -> bool {
+        !matches!(self.ops.first(), None | Some(Op::Begin(_)))
+    }
+}
+
+/// A worker's answer: the object's number and what became of it.
+pub(crate) type Done = (u64, Result<StagedObject, StoreError>);
+
+/// The object worker: stages each object it is sent, hashing it, and
+/// reports the objects each batch completed in one message. Emptied
+/// batches go back through `free` for reuse.
+pub(crate) fn object_worker(
+    store: &Store,
+    jobs: Receiver<Batch>,
+    done: mpsc::Sender<Vec<Done>>,
+    free: SyncSender<Batch>,
+) {
+    let mut current: Option<(u64, Result<cairn_store::ObjectStager, StoreError>)> = None;
+    while let Ok(mut batch) = jobs.recv() {
+        let mut results = Vec::new();
+        let mut off = 0;
+        for op in batch.ops.drain(..) {
+            match op {
+                Op::Begin(seq) => current = Some((seq, store.stage_object())),
+                Op::Data(n) => {
+                    let d = &batch.data[off..off + n];
+                    off += n;
+                    if let Some((seq, Ok(s))) = &mut current {
+                        if let Err(e) = s.write(d) {
+                            current = Some((*seq, Err(e)));
+                        }
+                    }
+                }
+                Op::Hole(n) => {
+                    if let Some((seq, Ok(s))) = &mut current {
+                        if let Err(e) = s.hole(n) {
+                            current = Some((*seq, Err(e)));
+                        }
+                    }
+                }
+                Op::End => {
+                    if let Some((seq, stager)) = current.take() {
+                        results.push((seq, stager.and_then(|s| s.finish(store))));
+                    }
+                }
+            }
+        }
+        if !results.is_empty() && done.send(results).is_err() {
+            return;
+        }
+        batch.len = 0;
+        batch.files = 0;
+        let _ = free.try_send(batch);
+    }
+}
+
+/// The parse stage's side of the object workers: fills batches and hands
+/// each, when full, to a worker whose queue has room (a big file's later
+/// batches to the worker that has its beginning); collects the results.
+pub(crate) struct Objects {
+    workers: Vec<SyncSender<Batch>>,
+    done: Receiver<Vec<Done>>,
+    free: Receiver<Batch>,
+    /// The batch being filled.
+    cur: Batch,
+    /// The worker the last batch went to: the next one sent goes to the
+    /// next worker with room, or here if it continues an object.
+    last_worker: usize,
+    next_seq: u64,
+    /// Objects reported and not yet claimed, by number.
+    ready: HashMap<u64, Result<StagedObject, StoreError>>,
+}
+
+/// The queues between the parse stage and `n` object workers: the
+/// workers' ends (jobs, results, returned batches) and the parse stage's.
+pub(crate) type WorkerEnds = (Receiver<Batch>, mpsc::Sender<Vec<Done>>, SyncSender<Batch>);
+
+impl Objects {
+    /// The parse stage's end and each worker's.
+    pub(crate) fn new(n: usize) -> (Objects, Vec<WorkerEnds>) {
+        let (done_tx, done_rx) = mpsc::channel();
+        let (free_tx, free_rx) = mpsc::sync_channel(n * (WORKER_QUEUE + 1));
+        let mut workers = Vec::with_capacity(n);
+        let mut ends = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (tx, rx) = mpsc::sync_channel(WORKER_QUEUE);
+            workers.push(tx);
+            ends.push((rx, done_tx.clone(), free_tx.clone()));
+        }
+        let objects = Objects {
+            workers,
+            done: done_rx,
+            free: free_rx,
+            cur: Batch::default(),
+            last_worker: n - 1,
+            next_seq: 0,
+            ready: HashMap::new(),
+        };
+        (objects, ends)
+    }
+
+    /// Starts a new object of `size` bytes (data and holes); its number.
+    /// An object that fits in a batch is not split between two.
+    pub(crate) fn begin(&mut self, size: u64) -> Result<u64, WorkerGone> {
+        if self.cur.is_full() || (self.cur.len as u64).saturating_add(size) > BATCH_BYTES as u64 {
+            self.send()?;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.cur.ops.push(Op::Begin(seq));
+        Ok(seq)
+    }
+
+    /// Room in the batch for up to `want` more bytes of the object begun
+    /// last (handing a full batch on first); [`filled`](Self::filled)
+    /// says how much of it was used.
+    pub(crate) fn room(&mut self, want: usize) -> Result<&mut [u8], WorkerGone> {
+        if self.cur.len >= BATCH_BYTES {
+            self.send()?;
+        }
+        if self.cur.data.len() < BATCH_BYTES {
+            self.cur.data.resize(BATCH_BYTES, 0);
+        }
+        let end = self.cur.len + want.min(BATCH_BYTES - self.cur.len);
+        Ok(&mut self.cur.data[self.cur.len..end])
+    }
+
+    /// The first `n` bytes of the last [`room`](Self::room) are the
+    /// object's next data.
+    pub(crate) fn filled(&mut self, n: usize) {
+        self.cur.len += n;
+        match self.cur.ops.last_mut() {
+            Some(Op::Data(k)) => *k += n,
+            _ => self.cur.ops.push(Op::Data(n)),
+        }
+    }
+
+    /// Appends a hole to the object begun last.
+    pub(crate) fn hole(&mut self, n: u64) {
+        self.cur.ops.push(Op::Hole(n));
+    }
+
+    /// Ends the object begun last.
+    pub(crate) fn end(&mut self) {
+        self.cur.ops.push(Op::End);
+        self.cur.files += 1;
+    }
+
+    /// Hands the current batch to a worker (blocking while the one it
+    /// must go to, or every one, has a full queue).
+    fn send(&mut self) -> Result<(), WorkerGone> {
+        if self.cur.ops.is_empty() {
+            return Ok(());
+        }
+        let fresh = self.free.try_recv().unwrap_or_default();
+        let mut batch = std::mem::replace(&mut self.cur, fresh);
+        let n = self.workers.len();
+        if !batch.continues() {
+            for i in 1..=n {
+                let w = (self.last_worker + i) % n;
+                match self.workers[w].try_send(batch) {
+                    Ok(()) => {
+                        self.last_worker = w;
+                        return Ok(());
+                    }
+                    Err(mpsc::TrySendError::Full(b)) => batch = b,
+                    Err(mpsc::TrySendError::Disconnected(_)) => return Err(WorkerGone),
+                }
+            }
+            // Every queue is full: wait for the next worker in turn.
+            self.last_worker = (self.last_worker + 1) % n;
+        }
+        self.workers[self.last_worker]
+            .send(batch)
+            .map_err(|_| WorkerGone)
+    }
+
+    /// The object numbered `seq`, waiting for it if `wait` (after handing
+    /// out the batch being filled, which may hold it).
+    pub(crate) fn take(
+        &mut self,
+        seq: u64,
+        wait: bool,
+    ) -> Result<Option<Result<StagedObject, StoreError>>, WorkerGone> {
+        while let Ok(d) = self.done.try_recv() {
+            self.ready.extend(d);
+        }
+        if wait {
+            self.send()?;
+        }
+        loop {
+            if let Some(r) = self.ready.remove(&seq) {
+                return Ok(Some(r));
+            }
+            if !wait {
+                return Ok(None);
+            }
+            match self.done.recv() {
+                Ok(d) => self.ready.extend(d),
+                Err(_) => return Err(WorkerGone),
+            }
+        }
+    }
+}
+
+/// An object worker stopped before its queue was closed.
+#[derive(Debug)]
+pub(crate) struct WorkerGone;
