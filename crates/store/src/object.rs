@@ -231,6 +231,19 @@ impl Store {
         self.persist_object(tmp, id, true)
     }
 
+    /// Enables fs-verity on a staged object before it is published.
+    pub(crate) fn enable_verity(&self, tmp: &TmpFile) -> Result<(), StoreError> {
+        kernel::enable_on_path(tmp.path()).map_err(|error| StoreError::Verity {
+            path: tmp
+                .path()
+                .strip_prefix(&self.root)
+                .unwrap_or(tmp.path())
+                .into(),
+            root: self.root.clone(),
+            error,
+        })
+    }
+
     /// Seals (where the kernel can) and renames a closed, durable staged file
     /// into place; `sync_fanout` makes the new name durable at once.
     fn persist_object(
@@ -240,15 +253,7 @@ impl Store {
         sync_fanout: bool,
     ) -> Result<(), StoreError> {
         if self.verity_supported() {
-            kernel::enable_on_path(tmp.path()).map_err(|error| StoreError::Verity {
-                path: tmp
-                    .path()
-                    .strip_prefix(&self.root)
-                    .unwrap_or(tmp.path())
-                    .into(),
-                root: self.root.clone(),
-                error,
-            })?;
+            self.enable_verity(&tmp)?;
         }
         let dest = self.object_path(id);
         let fanout = dest

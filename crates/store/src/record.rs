@@ -64,7 +64,6 @@ use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 
 use crate::image::is_image_digest;
-use crate::kernel;
 use crate::object::is_lower_hex;
 use crate::tmp::{sync_dir, Persisted, Staging, TmpFile};
 use crate::verity::{FsVerityHasher, ObjectId};
@@ -621,15 +620,7 @@ impl Store {
         let mut touched = [false; 256];
         for (id, tmp) in objects {
             if verity {
-                kernel::enable_on_path(tmp.path()).map_err(|error| StoreError::Verity {
-                    path: tmp
-                        .path()
-                        .strip_prefix(&self.root)
-                        .unwrap_or(tmp.path())
-                        .into(),
-                    root: self.root.clone(),
-                    error,
-                })?;
+                self.enable_verity(&tmp)?;
             }
             if tmp.persist(&self.object_path(&id), false)? == Persisted::Created {
                 touched[id.0[0] as usize] = true;
