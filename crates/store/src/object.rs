@@ -524,23 +524,6 @@ impl ObjectBatch<'_> {
         if staged.is_empty() {
             return Ok(0);
         }
-        let store = self.store;
-        let staging = store.staging()?;
-        let dir = File::open(staging.path())
-            .map_err(|e| StoreError::io("opening", staging.path(), &store.root, e))?;
-        rustix::fs::syncfs(&dir)
-            .map_err(|e| StoreError::io("syncing", staging.path(), &store.root, e.into()))?;
-        let mut fanouts = std::collections::BTreeSet::new();
-        let n = staged.len();
-        for (id, tmp) in staged {
-            store.persist_object(tmp, &id, false)?;
-            if let Some(parent) = store.object_path(&id).parent() {
-                fanouts.insert(parent.to_path_buf());
-            }
-        }
-        for dir in fanouts {
-            sync_dir(&dir, &store.root)?;
-        }
-        Ok(n)
+        self.store.publish_files(staged.into_iter().collect())
     }
 }

@@ -239,7 +239,32 @@ impl StagedObject {
     }
 }
 
+/// A staging directory for one thread's objects: see
+/// [`Store::object_shard`].
+#[derive(Debug)]
+pub struct ObjectShard(Arc<Staging>);
+
+impl ObjectShard {
+    /// [`Store::stage_object`], in this shard.
+    pub fn stage_object(&self) -> Result<ObjectStager, StoreError> {
+        ObjectStager::new(&self.0)
+    }
+}
+
 impl ObjectStager {
+    /// Starts staging an object in `staging`: see [`Store::stage_object`].
+    fn new(staging: &Arc<Staging>) -> Result<ObjectStager, StoreError> {
+        let mode_set = process_umask().is_some_and(|m| m & OBJECT_MODE == 0);
+        let mode = if mode_set { OBJECT_MODE } else { 0o600 };
+        Ok(ObjectStager {
+            tmp: staging.tmp_file_mode("o", mode)?,
+            hasher: FsVerityHasher::new(),
+            len: 0,
+            hole_at_end: false,
+            mode_set,
+        })
+    }
+
     /// Appends `data`.
     pub fn write(&mut self, data: &[u8]) -> Result<(), StoreError> {
         if self.hole_at_end {
@@ -561,15 +586,23 @@ impl Store {
     /// either way its mode is 0644 before it is published. (The staging
     /// directory is 0700: nobody else can open it meanwhile.)
     pub fn stage_object(&self) -> Result<ObjectStager, StoreError> {
-        let mode_set = process_umask().is_some_and(|m| m & OBJECT_MODE == 0);
-        let mode = if mode_set { OBJECT_MODE } else { 0o600 };
-        Ok(ObjectStager {
-            tmp: self.staging()?.tmp_file_mode("o", mode)?,
-            hasher: FsVerityHasher::new(),
-            len: 0,
-            hole_at_end: false,
-            mode_set,
-        })
+        ObjectStager::new(&self.staging()?)
+    }
+
+    /// A staging directory of its own for one thread that stages many
+    /// objects ([`ObjectShard::stage_object`]); see [`Staging::shard`].
+    pub fn object_shard(&self) -> Result<ObjectShard, StoreError> {
+        Ok(ObjectShard(self.staging()?.shard()?))
+    }
+
+    /// Starts writing every staged file to disk and waits for it, as the
+    /// sync before publishing will (`syncfs(2)`): called now and then while
+    /// a long import stages files, it makes the disk work while the CPUs
+    /// do, and leaves that last sync little to wait for.
+    pub fn sync_staged(&self) -> Result<(), StoreError> {
+        let staging = self.staging()?;
+        rustix::fs::syncfs(staging.dir())
+            .map_err(|e| StoreError::io("syncing", staging.path(), &self.root, e.into()))
     }
 
     /// Publishes staged objects: one `syncfs` for all of them (rather than
@@ -584,14 +617,20 @@ impl Store {
             .into_iter()
             .filter_map(|o| o.tmp.map(|t| (o.id, t)))
             .collect();
+        self.publish_files(objects).map(|_| ())
+    }
+
+    /// Publishes closed staged files as the objects they hash to, as
+    /// [`publish_staged`](Self::publish_staged) says; how many were new
+    /// (the others were in the store already, and are dropped).
+    pub(crate) fn publish_files(
+        &self,
+        objects: Vec<(ObjectId, TmpFile)>,
+    ) -> Result<usize, StoreError> {
         if objects.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
-        let staging = self.staging()?;
-        let dir = File::open(staging.path())
-            .map_err(|e| StoreError::io("opening", staging.path(), &self.root, e))?;
-        rustix::fs::syncfs(&dir)
-            .map_err(|e| StoreError::io("syncing", staging.path(), &self.root, e.into()))?;
+        self.sync_staged()?;
         let verity = self.verity_supported();
         // Each fan-out directory once (not once per object): at most 256
         // `mkdir`s, whatever the number of objects.
@@ -617,19 +656,40 @@ impl Store {
         if new_fanout {
             sync_dir(&self.objects_dir(), &self.root)?;
         }
-        let mut touched = [false; 256];
+        // Grouped by fan-out directory, each opened once: the renames go
+        // from one directory descriptor to another, with no path walked
+        // from `/`. (Renames between two directories take a lock of the
+        // whole filesystem, so more threads would only wait for each
+        // other.)
+        let mut by_fanout: Vec<Vec<(ObjectId, TmpFile)>> = (0..256).map(|_| Vec::new()).collect();
         for (id, tmp) in objects {
-            if verity {
-                self.enable_verity(&tmp)?;
+            by_fanout[id.0[0] as usize].push((id, tmp));
+        }
+        let mut created = 0;
+        for (b, objs) in by_fanout.into_iter().enumerate() {
+            if objs.is_empty() {
+                continue;
             }
-            if tmp.persist(&self.object_path(&id), false)? == Persisted::Created {
-                touched[id.0[0] as usize] = true;
+            let fanout = self.objects_dir().join(format!("{b:02x}"));
+            let dir = File::open(&fanout)
+                .map_err(|e| StoreError::io("opening", &fanout, &self.root, e))?;
+            let before = created;
+            for (id, tmp) in objs {
+                if verity {
+                    self.enable_verity(&tmp)?;
+                }
+                let hex = id.to_hex();
+                let name = Path::new(&hex[2..]);
+                if tmp.persist_at(&dir, name, &fanout.join(name), false)? == Persisted::Created {
+                    created += 1;
+                }
+            }
+            if created > before {
+                dir.sync_all()
+                    .map_err(|e| StoreError::io("syncing directory", &fanout, &self.root, e))?;
             }
         }
-        for (b, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
-            sync_dir(&self.objects_dir().join(format!("{b:02x}")), &self.root)?;
-        }
-        Ok(())
+        Ok(created)
     }
 
     /// `images/<digest>.json`.

@@ -36,7 +36,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rustix::fs::{flock, renameat_with, FlockOperation, RenameFlags, CWD};
+use rustix::fs::{
+    flock, renameat, renameat_with, statat, AtFlags, FlockOperation, RenameFlags, CWD,
+};
 use rustix::io::Errno;
 
 use crate::StoreError;
@@ -89,6 +91,9 @@ pub(crate) struct Staging {
     /// releases the lock. Temporary files are created relative to it.
     dir: File,
     seq: AtomicU64,
+    /// For a shard (see [`shard`](Self::shard)): the staging directory it
+    /// is in, kept alive (and locked) for as long as the shard is.
+    parent: Option<Arc<Staging>>,
 }
 
 impl Staging {
@@ -141,6 +146,7 @@ impl Staging {
                         path,
                         dir: lock,
                         seq: AtomicU64::new(0),
+                        parent: None,
                     }))
                 }
                 // A cleaner took it between mkdir and flock: try a new name.
@@ -154,6 +160,41 @@ impl Staging {
             root,
             last_err.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists)),
         ))
+    }
+
+    /// A new subdirectory of this staging directory, to stage files in
+    /// apart from other threads: creating a file locks its directory, so
+    /// threads that each create thousands of files do better in
+    /// directories of their own. The parent's lock covers it (a cleaner
+    /// removes the parent whole, and only unlocked); it is removed when
+    /// the last of its files is gone.
+    pub(crate) fn shard(self: &Arc<Self>) -> Result<Arc<Staging>, StoreError> {
+        use rustix::fs::{mkdirat, openat, Mode, OFlags};
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let name = format!("d.{n}");
+        let path = self.path.join(&name);
+        let err = |op, e: Errno| StoreError::io(op, &path, &self.root, e.into());
+        mkdirat(&self.dir, &name, Mode::from_raw_mode(0o700))
+            .map_err(|e| err("creating staging directory", e))?;
+        let dir = openat(
+            &self.dir,
+            &name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| err("opening staging directory", e))?;
+        Ok(Arc::new(Staging {
+            root: self.root.clone(),
+            path,
+            dir: File::from(dir),
+            seq: AtomicU64::new(0),
+            parent: Some(Arc::clone(self)),
+        }))
+    }
+
+    /// The directory itself, open.
+    pub(crate) fn dir(&self) -> &File {
+        &self.dir
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -219,6 +260,12 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
+        if self.parent.is_some() {
+            // A shard: its files are gone (each held an Arc); a failure
+            // leaves it to the parent's removal.
+            let _ = fs::remove_dir(&self.path);
+            return;
+        }
         // Every TmpFile holds an Arc, so the directory is empty by now unless
         // something was leaked; the lock is still held (`self.dir` closes
         // after this body), so clearing it is safe. Failures leave debris
@@ -273,15 +320,34 @@ impl TmpFile {
     /// Moves the file to `dest`. With `replace == false` an existing `dest`
     /// is kept (it has the same name, so for content-addressed files the
     /// same content) and the temporary file is dropped.
-    pub(crate) fn persist(mut self, dest: &Path, replace: bool) -> Result<Persisted, StoreError> {
+    pub(crate) fn persist(self, dest: &Path, replace: bool) -> Result<Persisted, StoreError> {
+        self.persist_at(CWD, dest, dest, replace)
+    }
+
+    /// [`persist`](Self::persist) to `name` relative to the directory `dir`
+    /// (`dest` is the same place as a path, for errors): from the staging
+    /// directory's descriptor to `dir`'s, with no path walked from `/`.
+    pub(crate) fn persist_at(
+        mut self,
+        dir: impl AsFd,
+        name: &Path,
+        dest: &Path,
+        replace: bool,
+    ) -> Result<Persisted, StoreError> {
         let root = self.staging.root().to_path_buf();
         let rename_err = |e: io::Error| StoreError::io("renaming into", dest, &root, e);
+        let from = self
+            .path
+            .file_name()
+            .expect("temporary files have a name")
+            .to_owned();
+        let from_dir = &self.staging.dir;
         if replace {
-            fs::rename(&self.path, dest).map_err(rename_err)?;
+            renameat(from_dir, &from, &dir, name).map_err(|e| rename_err(e.into()))?;
             self.done = true;
             return Ok(Persisted::Created);
         }
-        match renameat_with(CWD, &self.path, CWD, dest, RenameFlags::NOREPLACE) {
+        match renameat_with(from_dir, &from, &dir, name, RenameFlags::NOREPLACE) {
             Ok(()) => {
                 self.done = true;
                 Ok(Persisted::Created)
@@ -291,12 +357,12 @@ impl TmpFile {
             // writer racing us between the two renames identical content
             // over identical content, which is harmless.
             Err(Errno::INVAL | Errno::NOSYS | Errno::NOTSUP) => {
-                match fs::symlink_metadata(dest) {
+                match statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
                     Ok(_) => return Ok(Persisted::AlreadyExisted),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(rename_err(e)),
+                    Err(Errno::NOENT) => {}
+                    Err(e) => return Err(rename_err(e.into())),
                 }
-                fs::rename(&self.path, dest).map_err(rename_err)?;
+                renameat(from_dir, &from, &dir, name).map_err(|e| rename_err(e.into()))?;
                 self.done = true;
                 Ok(Persisted::Created)
             }
