@@ -254,9 +254,13 @@ pub fn import_layer(
             };
             let workers = (threads - 1).clamp(1, pipeline::MAX_WORKERS);
             let (objects, ends) = pipeline::Objects::new(workers);
+            let (flush_tx, flush_rx) = std::sync::mpsc::sync_channel(1);
             for (jobs, done, free) in ends {
-                s.spawn(move || pipeline::object_worker(store, jobs, done, free));
+                let flush = flush_tx.clone();
+                s.spawn(move || pipeline::object_worker(store, jobs, done, free, flush));
             }
+            drop(flush_tx);
+            s.spawn(move || pipeline::flusher(store, flush_rx));
             let mut b = LayerBuilder::new(store, Some(objects))
                 .map_err(|e| store_err(&layer, "starting the layer record", e))?;
             // The chunks are the buffer: no BufReader (and no copy) between.

@@ -9,10 +9,19 @@
 //!                │  (a bounded queue per worker, buffers recycled)
 //!                ▼
 //!           [objects] ×N  fs-verity digest, staged object file
+//!                │  │       (each worker in a staging directory of its own)
+//!                │  └──►  [flusher]  syncfs every 64 MiB staged
 //!                │  the objects each batch completed, in one message
 //!                ▼
 //!           [parse]       record lines written in stream order
 //! ```
+//!
+//! The flusher makes the disk write the staged objects while the CPUs
+//! make the next ones: the kernel would otherwise begin only when a tenth
+//! or so of memory is dirty, so that the one sync before publishing (which
+//! durability needs) wrote the whole layer while every CPU waited. A
+//! worker's own staging directory spares it the lock of a directory that
+//! another worker is creating thousands of files in.
 //!
 //! Messages carry batches, not files: the data of many small files (and
 //! the beginnings, ends and holes of each) travel in one buffer, so a
@@ -325,17 +334,31 @@ pub(crate) fn object_worker(
     jobs: Receiver<Batch>,
     done: mpsc::Sender<Vec<Done>>,
     free: SyncSender<Batch>,
+    flush: SyncSender<()>,
 ) {
+    // Its own staging directory, so that the workers' file creations do
+    // not wait for each other's directory lock. (Without one, each object
+    // is staged in the store's, and whatever failed fails there again,
+    // with its error.)
+    let shard = store.object_shard().ok();
+    let mut unflushed = 0usize;
     let mut current: Option<(u64, Result<cairn_store::ObjectStager, StoreError>)> = None;
     while let Ok(mut batch) = jobs.recv() {
         let mut results = Vec::new();
         let mut off = 0;
         for op in batch.ops.drain(..) {
             match op {
-                Op::Begin(seq) => current = Some((seq, store.stage_object())),
+                Op::Begin(seq) => {
+                    let stager = match &shard {
+                        Some(shard) => shard.stage_object(),
+                        None => store.stage_object(),
+                    };
+                    current = Some((seq, stager));
+                }
                 Op::Data(n) => {
                     let d = &batch.data[off..off + n];
                     off += n;
+                    unflushed += n;
                     if let Some((seq, Ok(s))) = &mut current {
                         if let Err(e) = s.write(d) {
                             current = Some((*seq, Err(e)));
@@ -359,9 +382,31 @@ pub(crate) fn object_worker(
         if !results.is_empty() && done.send(results).is_err() {
             return;
         }
+        if unflushed >= FLUSH_BYTES {
+            // Full (a sync is under way or asked for already): it will
+            // take these bytes too.
+            let _ = flush.try_send(());
+            unflushed = 0;
+        }
         batch.len = 0;
         batch.files = 0;
         let _ = free.try_send(batch);
+    }
+}
+
+/// Staged bytes after which an object worker asks the flusher for a sync.
+pub(crate) const FLUSH_BYTES: usize = 64 << 20;
+
+/// The flusher: syncs the store's filesystem whenever an object worker
+/// asks (every [`FLUSH_BYTES`] it staged), so that the disk writes the
+/// objects while the CPUs make the next ones, and the sync before
+/// publishing finds little left to write. Without it the kernel would
+/// start writing only once a tenth or so of the machine's memory is
+/// dirty: for most layers, never before that last sync. Errors are left
+/// to that sync, which reports them.
+pub(crate) fn flusher(store: &Store, asks: Receiver<()>) {
+    while asks.recv().is_ok() {
+        let _ = store.sync_staged();
     }
 }
 
