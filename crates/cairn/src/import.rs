@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use cairn_image::{ImportOptions, ImportedImage, Platform};
+use cairn_image::{ImportOptions, ImportedImage, PlatformSpec};
 use cairn_store::Store;
 
 use crate::{output, Global};
@@ -25,8 +25,8 @@ pub struct ImportArgs {
     #[arg(long)]
     pub name: Option<String>,
     /// Pick this platform from an image index (default: this machine's).
-    #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = Platform::parse)]
-    pub platform: Option<Platform>,
+    #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = PlatformSpec::parse)]
+    pub platform: Option<PlatformSpec>,
 }
 
 #[derive(Args, Debug)]

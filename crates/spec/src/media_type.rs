@@ -107,6 +107,18 @@ impl Compression {
         })
     }
 
+    /// The compression the first bytes of a blob show, if any (gzip's and
+    /// zstd's magic numbers; a tar has none).
+    pub fn from_magic(head: &[u8]) -> Option<Compression> {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Some(Compression::Gzip)
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Some(Compression::Zstd)
+        } else {
+            None
+        }
+    }
+
     /// `none`, `gzip` or `zstd`, for messages.
     pub fn name(self) -> &'static str {
         match self {

@@ -14,7 +14,8 @@
 
 use std::fmt;
 
-use crate::image::{Descriptor, Platform};
+use crate::image::Descriptor;
+pub use crate::image::Platform;
 
 /// A `--platform` that is not `os/arch[/variant]`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -180,24 +181,34 @@ pub fn choose<'a>(
     manifests: &'a [Descriptor],
     want: &PlatformSpec,
 ) -> Result<&'a Descriptor, NoMatchingPlatform> {
-    if let [only] = manifests {
-        if only.platform.is_none() {
+    choose_by(manifests, |d| d.platform.as_ref(), want)
+}
+
+/// [`choose`] over entries of any type, `platform_of` giving each one's
+/// platform: for a reader that checks an entry only once it is chosen.
+pub fn choose_by<'a, T>(
+    entries: &'a [T],
+    platform_of: impl Fn(&T) -> Option<&Platform>,
+    want: &PlatformSpec,
+) -> Result<&'a T, NoMatchingPlatform> {
+    if let [only] = entries {
+        if platform_of(only).is_none() {
             return Ok(only);
         }
     }
-    let candidates: Vec<(&Descriptor, &Platform)> = manifests
+    let candidates: Vec<(&T, &Platform)> = entries
         .iter()
-        .filter_map(|d| Some((d, d.platform.as_ref()?)))
+        .filter_map(|e| Some((e, platform_of(e)?)))
         .filter(|(_, p)| want.matches(p))
         .collect();
     let preferred = candidates
         .iter()
         .find(|(_, p)| normalize_arch(&p.architecture, p.variant.as_deref()).1 == want.variant)
         .or(candidates.first());
-    preferred.map(|(d, _)| *d).ok_or_else(|| {
-        let mut available: Vec<String> = manifests
+    preferred.map(|(e, _)| *e).ok_or_else(|| {
+        let mut available: Vec<String> = entries
             .iter()
-            .filter_map(|d| d.platform.as_ref())
+            .filter_map(&platform_of)
             .filter(|p| p.os != "unknown")
             .map(describe)
             .collect();
