@@ -44,8 +44,9 @@ use std::sync::mpsc;
 use cairn_spec::limits::{MAX_CONFIG_SIZE, MAX_INDEX_DEPTH, MAX_MANIFEST_SIZE};
 use cairn_spec::media_type::{self as mt, DocKind};
 use cairn_spec::platform::{self, PlatformSpec};
-use cairn_spec::{parse_digest, sha256_digest, Compression};
+use cairn_spec::{parse_digest, sha256_digest, Compression, Descriptor};
 use cairn_store::Store;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::assemble::{assemble_image_from, now_rfc3339, ImportedImage};
@@ -89,46 +90,32 @@ fn read_capped(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     Ok(data)
 }
 
-/// A descriptor from an OCI layout's JSON, its fields checked: `mediaType`
-/// a string, `digest` a digest cairn verifies (parsed before any path is
-/// made from it), `size` a non-negative integer.
-#[derive(Debug, Clone)]
-pub(crate) struct Desc {
-    pub media_type: String,
-    pub digest: String,
-    pub size: u64,
-}
-
-impl Desc {
-    /// Reads descriptor `v`; the error is the reason, for the caller to
-    /// say whose descriptor it was.
-    pub(crate) fn from_json(v: &Value) -> Result<Desc, String> {
-        let obj = v.as_object().ok_or("the descriptor is not a JSON object")?;
-        let media_type = obj
-            .get("mediaType")
-            .and_then(Value::as_str)
-            .ok_or("the descriptor has no mediaType string")?;
-        let digest = obj
-            .get("digest")
-            .and_then(Value::as_str)
-            .ok_or("the descriptor has no digest string")?;
-        parse_digest(digest).map_err(|e| format!("descriptor digest: {e}"))?;
-        let size = obj
-            .get("size")
-            .and_then(Value::as_u64)
-            .ok_or("the descriptor's size is not a non-negative integer")?;
-        Ok(Desc {
-            media_type: media_type.to_owned(),
-            digest: digest.to_owned(),
-            size,
-        })
-    }
+/// A descriptor from an OCI layout's JSON, read as `cairn-spec`'s
+/// [`Descriptor`] once the fields cairn relies on are checked one by one
+/// (so the message says which is wrong): `mediaType` a string, `digest` a
+/// digest cairn verifies (parsed before any path is made from it), `size`
+/// a non-negative integer. The error is the reason, for the caller to say
+/// whose descriptor it was.
+pub(crate) fn descriptor(v: &Value) -> Result<Descriptor, String> {
+    let obj = v.as_object().ok_or("the descriptor is not a JSON object")?;
+    obj.get("mediaType")
+        .and_then(Value::as_str)
+        .ok_or("the descriptor has no mediaType string")?;
+    let digest = obj
+        .get("digest")
+        .and_then(Value::as_str)
+        .ok_or("the descriptor has no digest string")?;
+    parse_digest(digest).map_err(|e| format!("descriptor digest: {e}"))?;
+    obj.get("size")
+        .and_then(Value::as_u64)
+        .ok_or("the descriptor's size is not a non-negative integer")?;
+    Descriptor::deserialize(v).map_err(|e| format!("the descriptor: {e}"))
 }
 
 /// A manifest's or index's own `mediaType`, when it has one, must be its
 /// descriptor's (image-spec: content whose type contradicts its descriptor
 /// is not to be trusted); the error is the reason.
-pub(crate) fn check_declared_media_type(doc: &Value, desc: &Desc) -> Result<(), String> {
+pub(crate) fn check_declared_media_type(doc: &Value, desc: &Descriptor) -> Result<(), String> {
     match doc.get("mediaType") {
         None => Ok(()),
         Some(Value::String(declared)) if *declared == desc.media_type => Ok(()),
@@ -155,7 +142,7 @@ impl Layout {
     /// Opens the blob `desc` names and checks that it is a regular file of
     /// the descriptor's size (without reading it). Opened non-blocking, so
     /// a FIFO planted in `blobs/` cannot hang the import.
-    fn open_blob(&self, desc: &Desc, what: &str) -> Result<File, LayerError> {
+    fn open_blob(&self, desc: &Descriptor, what: &str) -> Result<File, LayerError> {
         let path = self.blob_path(&desc.digest)?;
         let err =
             |reason: String| archive_err(&self.what, format!("{what} {}: {reason}", desc.digest));
@@ -186,7 +173,7 @@ impl Layout {
     /// A small blob (index, manifest, config), checked against its
     /// descriptor's size and digest; never reads more than one byte past
     /// the size.
-    fn read_blob(&self, desc: &Desc, max: u64, what: &str) -> Result<Vec<u8>, LayerError> {
+    fn read_blob(&self, desc: &Descriptor, max: u64, what: &str) -> Result<Vec<u8>, LayerError> {
         let err =
             |reason: String| archive_err(&self.what, format!("{what} {}: {reason}", desc.digest));
         if desc.size > max {
@@ -313,8 +300,7 @@ pub fn import_oci_layout(
             }
         },
     };
-    let chosen =
-        Desc::from_json(chosen).map_err(|e| archive_err(&what, format!("index.json: {e}")))?;
+    let chosen = descriptor(chosen).map_err(|e| archive_err(&what, format!("index.json: {e}")))?;
     let platform = opts.platform.clone().unwrap_or_else(PlatformSpec::host);
     let (manifest, manifest_desc) = resolve_manifest(&layout, &chosen, &platform, 0)?;
     let manifest_json: Value = serde_json::from_slice(&manifest)
@@ -328,7 +314,7 @@ pub fn import_oci_layout(
     let config_desc = manifest_json
         .get("config")
         .ok_or_else(|| in_manifest("no config descriptor".into()))
-        .and_then(|v| Desc::from_json(v).map_err(|e| in_manifest(format!("config: {e}"))))?;
+        .and_then(|v| descriptor(v).map_err(|e| in_manifest(format!("config: {e}"))))?;
     if !mt::is_image_config(&config_desc.media_type) {
         return Err(in_manifest(format!(
             "config {}: unsupported media type {:?} (not a container image: expected an OCI or Docker image config)",
@@ -341,7 +327,7 @@ pub fn import_oci_layout(
         .ok_or_else(|| in_manifest("no layers list".into()))?
         .iter()
         .enumerate()
-        .map(|(i, v)| Desc::from_json(v).map_err(|e| in_manifest(format!("layer {}: {e}", i + 1))))
+        .map(|(i, v)| descriptor(v).map_err(|e| in_manifest(format!("layer {}: {e}", i + 1))))
         .collect::<Result<Vec<_>, _>>()?;
     let config = layout.read_blob(&config_desc, MAX_CONFIG_SIZE, "config")?;
     let (_, c) = crate::assemble::parse_image(&manifest, &config)?;
@@ -406,10 +392,10 @@ fn mark_fresh(layers: &mut [LayerInfo], infos: &[Option<LayerInfo>]) {
 /// returns the manifest and its descriptor.
 fn resolve_manifest(
     layout: &Layout,
-    desc: &Desc,
+    desc: &Descriptor,
     platform: &PlatformSpec,
     depth: usize,
-) -> Result<(Vec<u8>, Desc), LayerError> {
+) -> Result<(Vec<u8>, Descriptor), LayerError> {
     let kind = DocKind::of(&desc.media_type).ok_or_else(|| {
         archive_err(
             &layout.what,
@@ -468,7 +454,7 @@ fn resolve_manifest(
             ),
         )
     })?;
-    let pick = Desc::from_json(pick).map_err(|e| {
+    let pick = descriptor(pick).map_err(|e| {
         archive_err(
             &layout.what,
             format!("index {digest}: entry for {platform}: {e}"),
@@ -486,17 +472,20 @@ pub fn fuzz_layout_json(data: &[u8]) -> bool {
     let Ok(json) = serde_json::from_slice::<Value>(data) else {
         return false;
     };
-    let as_index = Desc {
+    let as_index = Descriptor {
         media_type: mt::OCI_INDEX.to_owned(),
         digest: sha256_digest(data),
         size: data.len() as u64,
+        urls: Vec::new(),
+        platform: None,
+        annotations: Default::default(),
     };
     let mut ok = check_declared_media_type(&json, &as_index).is_ok();
     if let Some(list) = json.get("manifests").and_then(Value::as_array) {
         let _ = tags_of(list);
         let host = PlatformSpec::host();
         for m in list {
-            let desc = Desc::from_json(m);
+            let desc = descriptor(m);
             ok &= desc
                 .as_ref()
                 .is_ok_and(|d| DocKind::of(&d.media_type).is_some());
@@ -507,11 +496,11 @@ pub fn fuzz_layout_json(data: &[u8]) -> bool {
         }
     }
     if let Some(c) = json.get("config") {
-        ok &= Desc::from_json(c).is_ok();
+        ok &= descriptor(c).is_ok();
     }
     if let Some(layers) = json.get("layers").and_then(Value::as_array) {
         for l in layers {
-            ok &= Desc::from_json(l).is_ok_and(|d| Compression::of_layer(&d.media_type).is_some());
+            ok &= descriptor(l).is_ok_and(|d| Compression::of_layer(&d.media_type).is_some());
         }
     }
     ok
