@@ -230,6 +230,25 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// `--platform` is read by the parser `cairn pull` uses, so uname's
+    /// names work for an import too.
+    #[test]
+    fn platform_flag_normalises_like_pull() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            import: ImportArgs,
+        }
+        let parse = |p: &str| {
+            <Cli as clap::Parser>::try_parse_from(["import", "oci-layout:x", "--platform", p])
+                .map(|c| c.import.platform.unwrap().to_string())
+        };
+        assert_eq!(parse("linux/x86_64").unwrap(), "linux/amd64");
+        assert_eq!(parse("linux/aarch64").unwrap(), "linux/arm64");
+        let e = parse("linux").unwrap_err().to_string();
+        assert!(e.contains("expected os/arch[/variant]"), "{e}");
+    }
+
     #[test]
     fn sources() {
         assert_eq!(
