@@ -10,7 +10,7 @@
 //!   the only one); an image index is resolved to the requested platform
 //!   (default: the host's). Every blob (index, manifest, config, layer) is
 //!   checked against its descriptor: its digest parsed by the spec's
-//!   grammar (`cairn_store::parse_digest`: sha256 only, lower-case hex)
+//!   grammar (`cairn_spec::parse_digest`: sha256 only, lower-case hex)
 //!   before a path is made from it, its size (an index, manifest or config
 //!   is read to at most one byte past it; a layer file's length must equal
 //!   it, checked for every layer before the first is imported), its digest,
@@ -41,6 +41,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
+use cairn_spec::image::ANNOTATION_REF_NAME;
 use cairn_spec::limits::{MAX_CONFIG_SIZE, MAX_INDEX_DEPTH, MAX_MANIFEST_SIZE};
 use cairn_spec::media_type::{self as mt, DocKind};
 use cairn_spec::platform::{self, PlatformSpec};
@@ -211,11 +212,16 @@ impl Layout {
     }
 }
 
+/// An index entry's `org.opencontainers.image.ref.name` annotation: the
+/// name an OCI layout gives the image.
+pub(crate) fn ref_name(entry: &Value) -> Option<&str> {
+    entry.get("annotations")?.get(ANNOTATION_REF_NAME)?.as_str()
+}
+
 fn tags_of(manifests: &[Value]) -> Vec<String> {
     manifests
         .iter()
-        .filter_map(|m| m.pointer("/annotations/org.opencontainers.image.ref.name"))
-        .filter_map(Value::as_str)
+        .filter_map(ref_name)
         .map(str::to_owned)
         .collect()
 }
@@ -271,11 +277,7 @@ pub fn import_oci_layout(
     let chosen = match tag {
         Some(t) => manifests
             .iter()
-            .find(|m| {
-                m.pointer("/annotations/org.opencontainers.image.ref.name")
-                    .and_then(Value::as_str)
-                    == Some(t)
-            })
+            .find(|m| ref_name(m) == Some(t))
             .ok_or_else(|| {
                 archive_err(
                     &what,

@@ -477,11 +477,7 @@ pub fn export_oci_layout(
         .get_mut("manifests")
         .and_then(Value::as_array_mut)
         .ok_or_else(|| export_err(dest, "existing index.json has no manifests list"))?;
-    manifests.retain(|m| {
-        m.pointer("/annotations/org.opencontainers.image.ref.name")
-            .and_then(Value::as_str)
-            != Some(tag)
-    });
+    manifests.retain(|m| crate::archive::ref_name(m) != Some(tag));
     manifests.push(desc);
     let index_bytes = serde_json::to_vec_pretty(&index).expect("JSON values serialise");
     write_atomic(&index_path, &index_bytes)
