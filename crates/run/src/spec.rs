@@ -280,6 +280,26 @@ pub fn build_spec(input: &SpecInput) -> Spec {
     spec
 }
 
+/// `spec` as the bytes of `config.json`. Capability lists are sets in the
+/// runtime spec and `oci-spec` keeps them in `HashSet`s, whose order varies
+/// from run to run; they are written sorted, so the same container gets
+/// the same file.
+pub fn config_json(spec: &Spec) -> Vec<u8> {
+    let mut value = serde_json::to_value(spec).expect("a runtime spec serialises");
+    sort_capabilities(&mut value);
+    serde_json::to_vec_pretty(&value).expect("a JSON value serialises")
+}
+
+fn sort_capabilities(v: &mut serde_json::Value) {
+    if let Some(serde_json::Value::Object(caps)) = v.pointer_mut("/process/capabilities") {
+        for list in caps.values_mut() {
+            if let serde_json::Value::Array(a) = list {
+                a.sort_by(|x, y| x.as_str().cmp(&y.as_str()));
+            }
+        }
+    }
+}
+
 /// A mount as [`default_mounts`] lists it, before it is a runtime-spec
 /// [`Mount`] (whose options are easier to add to here).
 struct MountEntry {
@@ -464,23 +484,9 @@ mod tests {
         }
     }
 
+    /// The config.json [`config_json`] writes for `i`, as JSON.
     fn json(i: &SpecInput) -> Value {
-        let mut v = serde_json::to_value(build_spec(i)).unwrap();
-        sort_capabilities(&mut v);
-        v
-    }
-
-    /// Capability lists are sets in the runtime spec, and `oci-spec` keeps
-    /// them in `HashSet`s, so their order in config.json varies from run to
-    /// run (crun reads them as sets). Sorted, they compare.
-    fn sort_capabilities(v: &mut Value) {
-        if let Some(Value::Object(caps)) = v.pointer_mut("/process/capabilities") {
-            for list in caps.values_mut() {
-                if let Value::Array(a) = list {
-                    a.sort_by(|x, y| x.as_str().cmp(&y.as_str()));
-                }
-            }
-        }
+        serde_json::from_slice(&config_json(&build_spec(i))).unwrap()
     }
 
     fn strings(v: &Value) -> Vec<&str> {
@@ -494,8 +500,8 @@ mod tests {
     /// The config.json of representative containers is what cairn wrote
     /// when its runtime-spec types were its own structs (the files in
     /// `testdata/` are that output): same fields, same values. The only
-    /// difference is the order of capabilities (see
-    /// [`sort_capabilities`]).
+    /// difference is the order of capabilities, now sorted (see
+    /// [`config_json`]), which the runtime spec and crun treat as sets.
     #[test]
     fn config_json_is_unchanged() {
         let root = SpecInput {
