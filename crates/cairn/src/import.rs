@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use cairn_image::{ImportOptions, ImportedImage, Platform};
+use cairn_image::{ImportOptions, ImportedImage, PlatformSpec};
 use cairn_store::Store;
 
 use crate::{output, Global};
@@ -25,8 +25,8 @@ pub struct ImportArgs {
     #[arg(long)]
     pub name: Option<String>,
     /// Pick this platform from an image index (default: this machine's).
-    #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = Platform::parse)]
-    pub platform: Option<Platform>,
+    #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = PlatformSpec::parse)]
+    pub platform: Option<PlatformSpec>,
 }
 
 #[derive(Args, Debug)]
@@ -229,6 +229,25 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--platform` is read by the parser `cairn pull` uses, so uname's
+    /// names work for an import too.
+    #[test]
+    fn platform_flag_normalises_like_pull() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            import: ImportArgs,
+        }
+        let parse = |p: &str| {
+            <Cli as clap::Parser>::try_parse_from(["import", "oci-layout:x", "--platform", p])
+                .map(|c| c.import.platform.unwrap().to_string())
+        };
+        assert_eq!(parse("linux/x86_64").unwrap(), "linux/amd64");
+        assert_eq!(parse("linux/aarch64").unwrap(), "linux/arm64");
+        let e = parse("linux").unwrap_err().to_string();
+        assert!(e.contains("expected os/arch[/variant]"), "{e}");
+    }
 
     #[test]
     fn sources() {

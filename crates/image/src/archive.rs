@@ -10,7 +10,7 @@
 //!   the only one); an image index is resolved to the requested platform
 //!   (default: the host's). Every blob (index, manifest, config, layer) is
 //!   checked against its descriptor: its digest parsed by the spec's
-//!   grammar (`cairn_store::parse_digest`: sha256 only, lower-case hex)
+//!   grammar (`cairn_spec::parse_digest`: sha256 only, lower-case hex)
 //!   before a path is made from it, its size (an index, manifest or config
 //!   is read to at most one byte past it; a layer file's length must equal
 //!   it, checked for every layer before the first is imported), its digest,
@@ -41,108 +41,32 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-use cairn_store::{parse_digest, Store};
+use cairn_spec::image::ANNOTATION_REF_NAME;
+use cairn_spec::limits::{MAX_CONFIG_SIZE, MAX_INDEX_DEPTH, MAX_MANIFEST_SIZE};
+use cairn_spec::media_type::{self as mt, DocKind};
+use cairn_spec::platform::{self, PlatformSpec};
+use cairn_spec::{parse_digest, sha256_digest, Compression, Descriptor};
+use cairn_store::Store;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::assemble::{
-    assemble_image_from, now_rfc3339, sha256_digest, ImportedImage, MAX_CONFIG_BYTES,
-    MAX_MANIFEST_BYTES,
-};
-use crate::decompress::compression_for_media_type;
+use crate::assemble::{assemble_image_from, now_rfc3339, ImportedImage};
 use crate::layer::{clean_path, import_layer, LayerInfo, Limits};
 use crate::scan::{scan_dir, ScanOptions};
 use crate::tar::{EntryKind, TarLimits, TarReader, TarSource};
 use crate::LayerError;
 
-const MEDIA_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-const MEDIA_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
-const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-const MEDIA_DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
 /// Most members a docker archive may have.
 const MAX_ARCHIVE_MEMBERS: usize = 1_000_000;
-
-/// An OS and CPU an image is for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Platform {
-    pub os: String,
-    pub architecture: String,
-    pub variant: Option<String>,
-}
-
-impl Platform {
-    /// Parses `os/arch[/variant]`.
-    pub fn parse(s: &str) -> Result<Platform, String> {
-        let parts: Vec<&str> = s.split('/').collect();
-        match parts[..] {
-            [os, arch] if !os.is_empty() && !arch.is_empty() => Ok(Platform {
-                os: os.into(),
-                architecture: arch.into(),
-                variant: None,
-            }),
-            [os, arch, variant] if !os.is_empty() && !arch.is_empty() && !variant.is_empty() => {
-                Ok(Platform {
-                    os: os.into(),
-                    architecture: arch.into(),
-                    variant: Some(variant.into()),
-                })
-            }
-            _ => Err(format!(
-                "invalid platform {s:?}: expected os/arch[/variant]"
-            )),
-        }
-    }
-
-    fn matches(&self, p: &Value) -> bool {
-        let get = |k: &str| p.get(k).and_then(Value::as_str);
-        get("os") == Some(self.os.as_str())
-            && get("architecture") == Some(self.architecture.as_str())
-            && match (&self.variant, get("variant")) {
-                (None, _) => true,
-                (Some(want), Some(have)) => want == have,
-                // arm64 images usually leave out the default variant.
-                (Some(want), None) => self.architecture == "arm64" && want == "v8",
-            }
-    }
-}
-
-impl std::fmt::Display for Platform {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.os, self.architecture)?;
-        if let Some(v) = &self.variant {
-            write!(f, "/{v}")?;
-        }
-        Ok(())
-    }
-}
-
-/// The platform of this machine, in OCI terms.
-pub fn host_platform() -> Platform {
-    let (architecture, variant) = match std::env::consts::ARCH {
-        "x86_64" => ("amd64", None),
-        "x86" => ("386", None),
-        "aarch64" => ("arm64", None),
-        "arm" => ("arm", Some("v7")),
-        "powerpc64" if cfg!(target_endian = "little") => ("ppc64le", None),
-        "riscv64" => ("riscv64", None),
-        "s390x" => ("s390x", None),
-        other => (other, None),
-    };
-    Platform {
-        os: "linux".into(),
-        architecture: architecture.into(),
-        variant: variant.map(str::to_owned),
-    }
-}
 
 /// How to import an image from a local source.
 #[derive(Debug, Clone, Default)]
 pub struct ImportOptions {
     /// The name to give it (mapped to a ref); each source has a default.
     pub name: Option<String>,
-    /// The platform to pick from an image index (default: the host's).
-    pub platform: Option<Platform>,
+    /// The platform to pick from an image index (default: the host's),
+    /// parsed and matched as a registry pull does (`cairn_spec::platform`).
+    pub platform: Option<PlatformSpec>,
     pub limits: Limits,
 }
 
@@ -154,11 +78,11 @@ fn archive_err(archive: &str, reason: impl std::fmt::Display) -> LayerError {
 }
 
 /// Reads at most `max` bytes of a file.
-fn read_capped(path: &Path, max: usize) -> io::Result<Vec<u8>> {
+fn read_capped(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     let f = File::open(path)?;
     let mut data = Vec::new();
-    f.take(max as u64 + 1).read_to_end(&mut data)?;
-    if data.len() > max {
+    f.take(max + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("larger than the limit of {max} bytes"),
@@ -167,70 +91,32 @@ fn read_capped(path: &Path, max: usize) -> io::Result<Vec<u8>> {
     Ok(data)
 }
 
-/// A descriptor from an OCI layout's JSON, its fields checked: `mediaType`
-/// a string, `digest` a digest cairn verifies (parsed before any path is
-/// made from it), `size` a non-negative integer.
-#[derive(Debug, Clone)]
-pub(crate) struct Desc {
-    pub media_type: String,
-    pub digest: String,
-    pub size: u64,
-}
-
-impl Desc {
-    /// Reads descriptor `v`; the error is the reason, for the caller to
-    /// say whose descriptor it was.
-    pub(crate) fn from_json(v: &Value) -> Result<Desc, String> {
-        let obj = v.as_object().ok_or("the descriptor is not a JSON object")?;
-        let media_type = obj
-            .get("mediaType")
-            .and_then(Value::as_str)
-            .ok_or("the descriptor has no mediaType string")?;
-        let digest = obj
-            .get("digest")
-            .and_then(Value::as_str)
-            .ok_or("the descriptor has no digest string")?;
-        parse_digest(digest).map_err(|e| format!("descriptor digest: {e}"))?;
-        let size = obj
-            .get("size")
-            .and_then(Value::as_u64)
-            .ok_or("the descriptor's size is not a non-negative integer")?;
-        Ok(Desc {
-            media_type: media_type.to_owned(),
-            digest: digest.to_owned(),
-            size,
-        })
-    }
-}
-
-/// What a manifest-or-index descriptor names, by its media type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DocKind {
-    Index,
-    Manifest,
-}
-
-impl DocKind {
-    pub(crate) fn of(media_type: &str) -> Option<DocKind> {
-        match media_type {
-            MEDIA_INDEX | MEDIA_DOCKER_LIST => Some(DocKind::Index),
-            MEDIA_MANIFEST | MEDIA_DOCKER_MANIFEST => Some(DocKind::Manifest),
-            _ => None,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            DocKind::Index => "index",
-            DocKind::Manifest => "manifest",
-        }
-    }
+/// A descriptor from an OCI layout's JSON, read as `cairn-spec`'s
+/// [`Descriptor`] once the fields cairn relies on are checked one by one
+/// (so the message says which is wrong): `mediaType` a string, `digest` a
+/// digest cairn verifies (parsed before any path is made from it), `size`
+/// a non-negative integer. The error is the reason, for the caller to say
+/// whose descriptor it was.
+pub(crate) fn descriptor(v: &Value) -> Result<Descriptor, String> {
+    let obj = v.as_object().ok_or("the descriptor is not a JSON object")?;
+    obj.get("mediaType")
+        .and_then(Value::as_str)
+        .ok_or("the descriptor has no mediaType string")?;
+    let digest = obj
+        .get("digest")
+        .and_then(Value::as_str)
+        .ok_or("the descriptor has no digest string")?;
+    parse_digest(digest).map_err(|e| format!("descriptor digest: {e}"))?;
+    obj.get("size")
+        .and_then(Value::as_u64)
+        .ok_or("the descriptor's size is not a non-negative integer")?;
+    Descriptor::deserialize(v).map_err(|e| format!("the descriptor: {e}"))
 }
 
 /// A manifest's or index's own `mediaType`, when it has one, must be its
 /// descriptor's (image-spec: content whose type contradicts its descriptor
 /// is not to be trusted); the error is the reason.
-pub(crate) fn check_declared_media_type(doc: &Value, desc: &Desc) -> Result<(), String> {
+pub(crate) fn check_declared_media_type(doc: &Value, desc: &Descriptor) -> Result<(), String> {
     match doc.get("mediaType") {
         None => Ok(()),
         Some(Value::String(declared)) if *declared == desc.media_type => Ok(()),
@@ -257,7 +143,7 @@ impl Layout {
     /// Opens the blob `desc` names and checks that it is a regular file of
     /// the descriptor's size (without reading it). Opened non-blocking, so
     /// a FIFO planted in `blobs/` cannot hang the import.
-    fn open_blob(&self, desc: &Desc, what: &str) -> Result<File, LayerError> {
+    fn open_blob(&self, desc: &Descriptor, what: &str) -> Result<File, LayerError> {
         let path = self.blob_path(&desc.digest)?;
         let err =
             |reason: String| archive_err(&self.what, format!("{what} {}: {reason}", desc.digest));
@@ -288,10 +174,10 @@ impl Layout {
     /// A small blob (index, manifest, config), checked against its
     /// descriptor's size and digest; never reads more than one byte past
     /// the size.
-    fn read_blob(&self, desc: &Desc, max: usize, what: &str) -> Result<Vec<u8>, LayerError> {
+    fn read_blob(&self, desc: &Descriptor, max: u64, what: &str) -> Result<Vec<u8>, LayerError> {
         let err =
             |reason: String| archive_err(&self.what, format!("{what} {}: {reason}", desc.digest));
-        if desc.size > max as u64 {
+        if desc.size > max {
             return Err(err(format!(
                 "the descriptor says {} bytes, larger than the limit of {max}",
                 desc.size
@@ -326,11 +212,16 @@ impl Layout {
     }
 }
 
+/// An index entry's `org.opencontainers.image.ref.name` annotation: the
+/// name an OCI layout gives the image.
+pub(crate) fn ref_name(entry: &Value) -> Option<&str> {
+    entry.get("annotations")?.get(ANNOTATION_REF_NAME)?.as_str()
+}
+
 fn tags_of(manifests: &[Value]) -> Vec<String> {
     manifests
         .iter()
-        .filter_map(|m| m.pointer("/annotations/org.opencontainers.image.ref.name"))
-        .filter_map(Value::as_str)
+        .filter_map(ref_name)
         .map(str::to_owned)
         .collect()
 }
@@ -375,7 +266,7 @@ pub fn import_oci_layout(
             "oci-layout: imageLayoutVersion is not 1.0.0",
         ));
     }
-    let index_data = read_capped(&dir.join("index.json"), MAX_MANIFEST_BYTES)
+    let index_data = read_capped(&dir.join("index.json"), MAX_MANIFEST_SIZE)
         .map_err(|e| archive_err(&what, format!("index.json: {e}")))?;
     let index: Value = serde_json::from_slice(&index_data)
         .map_err(|e| archive_err(&what, format!("index.json: {e}")))?;
@@ -386,11 +277,7 @@ pub fn import_oci_layout(
     let chosen = match tag {
         Some(t) => manifests
             .iter()
-            .find(|m| {
-                m.pointer("/annotations/org.opencontainers.image.ref.name")
-                    .and_then(Value::as_str)
-                    == Some(t)
-            })
+            .find(|m| ref_name(m) == Some(t))
             .ok_or_else(|| {
                 archive_err(
                     &what,
@@ -415,9 +302,8 @@ pub fn import_oci_layout(
             }
         },
     };
-    let chosen =
-        Desc::from_json(chosen).map_err(|e| archive_err(&what, format!("index.json: {e}")))?;
-    let platform = opts.platform.clone().unwrap_or_else(host_platform);
+    let chosen = descriptor(chosen).map_err(|e| archive_err(&what, format!("index.json: {e}")))?;
+    let platform = opts.platform.clone().unwrap_or_else(PlatformSpec::host);
     let (manifest, manifest_desc) = resolve_manifest(&layout, &chosen, &platform, 0)?;
     let manifest_json: Value = serde_json::from_slice(&manifest)
         .map_err(|e| archive_err(&what, format!("manifest {}: {e}", manifest_desc.digest)))?;
@@ -430,11 +316,8 @@ pub fn import_oci_layout(
     let config_desc = manifest_json
         .get("config")
         .ok_or_else(|| in_manifest("no config descriptor".into()))
-        .and_then(|v| Desc::from_json(v).map_err(|e| in_manifest(format!("config: {e}"))))?;
-    if !matches!(
-        config_desc.media_type.as_str(),
-        MEDIA_CONFIG | MEDIA_DOCKER_CONFIG
-    ) {
+        .and_then(|v| descriptor(v).map_err(|e| in_manifest(format!("config: {e}"))))?;
+    if !mt::is_image_config(&config_desc.media_type) {
         return Err(in_manifest(format!(
             "config {}: unsupported media type {:?} (not a container image: expected an OCI or Docker image config)",
             config_desc.digest, config_desc.media_type
@@ -446,16 +329,17 @@ pub fn import_oci_layout(
         .ok_or_else(|| in_manifest("no layers list".into()))?
         .iter()
         .enumerate()
-        .map(|(i, v)| Desc::from_json(v).map_err(|e| in_manifest(format!("layer {}: {e}", i + 1))))
+        .map(|(i, v)| descriptor(v).map_err(|e| in_manifest(format!("layer {}: {e}", i + 1))))
         .collect::<Result<Vec<_>, _>>()?;
-    let config = layout.read_blob(&config_desc, MAX_CONFIG_BYTES, "config")?;
+    let config = layout.read_blob(&config_desc, MAX_CONFIG_SIZE, "config")?;
     let (_, c) = crate::assemble::parse_image(&manifest, &config)?;
+    let diff_ids = c.rootfs.as_ref().map_or(&[][..], |r| &r.diff_ids);
     // Every layer blob is checked against its descriptor (media type, a
     // regular file of its size) before the first is imported, so a bad one
     // fails the import before anything is published.
     let mut blobs = Vec::with_capacity(layer_descs.len());
-    for (desc, diff_id) in layer_descs.iter().zip(&c.rootfs.diff_ids) {
-        if compression_for_media_type(&desc.media_type).is_none() {
+    for (desc, diff_id) in layer_descs.iter().zip(diff_ids) {
+        if Compression::of_layer(&desc.media_type).is_none() {
             return Err(LayerError::MediaType {
                 layer: desc.digest.clone(),
                 media_type: desc.media_type.clone(),
@@ -471,7 +355,7 @@ pub fn import_oci_layout(
         });
     }
     let mut infos = Vec::new();
-    for ((desc, diff_id), blob) in layer_descs.iter().zip(&c.rootfs.diff_ids).zip(blobs) {
+    for ((desc, diff_id), blob) in layer_descs.iter().zip(diff_ids).zip(blobs) {
         let Some(file) = blob else {
             infos.push(None);
             continue;
@@ -510,10 +394,10 @@ fn mark_fresh(layers: &mut [LayerInfo], infos: &[Option<LayerInfo>]) {
 /// returns the manifest and its descriptor.
 fn resolve_manifest(
     layout: &Layout,
-    desc: &Desc,
-    platform: &Platform,
+    desc: &Descriptor,
+    platform: &PlatformSpec,
     depth: usize,
-) -> Result<(Vec<u8>, Desc), LayerError> {
+) -> Result<(Vec<u8>, Descriptor), LayerError> {
     let kind = DocKind::of(&desc.media_type).ok_or_else(|| {
         archive_err(
             &layout.what,
@@ -523,7 +407,7 @@ fn resolve_manifest(
             ),
         )
     })?;
-    let data = layout.read_blob(desc, MAX_MANIFEST_BYTES, kind.name())?;
+    let data = layout.read_blob(desc, MAX_MANIFEST_SIZE, kind.name())?;
     let json: Value = serde_json::from_slice(&data).map_err(|e| {
         archive_err(
             &layout.what,
@@ -539,7 +423,7 @@ fn resolve_manifest(
     if kind == DocKind::Manifest {
         return Ok((data, desc.clone()));
     }
-    if depth >= 2 {
+    if depth >= MAX_INDEX_DEPTH {
         return Err(archive_err(&layout.what, "image indexes nested too deep"));
     }
     let digest = &desc.digest;
@@ -547,27 +431,32 @@ fn resolve_manifest(
         .get("manifests")
         .and_then(Value::as_array)
         .ok_or_else(|| archive_err(&layout.what, format!("index {digest} has no manifests")))?;
-    let pick = list
+    // Each entry's platform is read on its own (one malformed entry does
+    // not spoil the others); the chosen entry is then checked whole.
+    let entries: Vec<(&Value, Option<platform::Platform>)> = list
         .iter()
-        .find(|m| m.get("platform").is_some_and(|p| platform.matches(p)))
-        .ok_or_else(|| {
-            let have: Vec<String> = list
-                .iter()
-                .filter_map(|m| m.get("platform"))
-                .map(|p| {
-                    let g = |k| p.get(k).and_then(Value::as_str).unwrap_or("?");
-                    format!("{}/{}", g("os"), g("architecture"))
-                })
-                .collect();
-            archive_err(
-                &layout.what,
-                format!(
-                    "no image for platform {platform} in index {digest} (it has {})",
-                    have.join(", ")
-                ),
-            )
-        })?;
-    let pick = Desc::from_json(pick).map_err(|e| {
+        .map(|m| {
+            let p = m
+                .get("platform")
+                .and_then(|p| serde_json::from_value(p.clone()).ok());
+            (m, p)
+        })
+        .collect();
+    let (pick, _) = platform::choose_by(&entries, |(_, p)| p.as_ref(), platform).map_err(|e| {
+        archive_err(
+            &layout.what,
+            format!(
+                "no image for platform {} in index {digest} (available: {})",
+                e.wanted,
+                if e.available.is_empty() {
+                    "none".to_owned()
+                } else {
+                    e.available.join(", ")
+                }
+            ),
+        )
+    })?;
+    let pick = descriptor(pick).map_err(|e| {
         archive_err(
             &layout.what,
             format!("index {digest}: entry for {platform}: {e}"),
@@ -585,30 +474,35 @@ pub fn fuzz_layout_json(data: &[u8]) -> bool {
     let Ok(json) = serde_json::from_slice::<Value>(data) else {
         return false;
     };
-    let as_index = Desc {
-        media_type: MEDIA_INDEX.to_owned(),
+    let as_index = Descriptor {
+        media_type: mt::OCI_INDEX.to_owned(),
         digest: sha256_digest(data),
         size: data.len() as u64,
+        urls: Vec::new(),
+        platform: None,
+        annotations: Default::default(),
     };
     let mut ok = check_declared_media_type(&json, &as_index).is_ok();
     if let Some(list) = json.get("manifests").and_then(Value::as_array) {
         let _ = tags_of(list);
-        let host = host_platform();
+        let host = PlatformSpec::host();
         for m in list {
-            let desc = Desc::from_json(m);
+            let desc = descriptor(m);
             ok &= desc
                 .as_ref()
                 .is_ok_and(|d| DocKind::of(&d.media_type).is_some());
-            let _ = m.get("platform").is_some_and(|p| host.matches(p));
+            let _ = m
+                .get("platform")
+                .and_then(|p| serde_json::from_value::<platform::Platform>(p.clone()).ok())
+                .is_some_and(|p| host.matches(&p));
         }
     }
     if let Some(c) = json.get("config") {
-        ok &= Desc::from_json(c).is_ok();
+        ok &= descriptor(c).is_ok();
     }
     if let Some(layers) = json.get("layers").and_then(Value::as_array) {
         for l in layers {
-            ok &= Desc::from_json(l)
-                .is_ok_and(|d| compression_for_media_type(&d.media_type).is_some());
+            ok &= descriptor(l).is_ok_and(|d| Compression::of_layer(&d.media_type).is_some());
         }
     }
     ok
@@ -739,9 +633,9 @@ pub fn import_docker_archive(
             format!("member {name:?}: too many links"),
         ))
     };
-    let read_member = |name: &str, max: usize| -> Result<Vec<u8>, LayerError> {
+    let read_member = |name: &str, max: u64| -> Result<Vec<u8>, LayerError> {
         let m = find(name)?;
-        if m.size > max as u64 {
+        if m.size > max {
             return Err(archive_err(
                 &what,
                 format!("{name}: {} bytes is larger than the limit of {max}", m.size),
@@ -760,7 +654,7 @@ pub fn import_docker_archive(
         Ok(data)
     };
 
-    let manifest_data = read_member("manifest.json", MAX_MANIFEST_BYTES)?;
+    let manifest_data = read_member("manifest.json", MAX_MANIFEST_SIZE)?;
     let manifest: Value = serde_json::from_slice(&manifest_data)
         .map_err(|e| archive_err(&what, format!("manifest.json: {e}")))?;
     let images = manifest
@@ -810,7 +704,7 @@ pub fn import_docker_archive(
                 .map_err(|e| archive_err(&what, format!("manifest.json: layer {n:?}: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let config = read_member(config_name, MAX_CONFIG_BYTES)?;
+    let config = read_member(config_name, MAX_CONFIG_SIZE)?;
     if let Some(named) = config_named {
         let actual = sha256_digest(&config);
         if actual != named {
@@ -892,7 +786,7 @@ pub fn import_docker_archive(
                 .unwrap_or(0),
         };
         descriptors.push(json!({
-            "mediaType": "application/vnd.oci.image.layer.v1.tar",
+            "mediaType": mt::OCI_LAYER_TAR,
             "digest": diff_id,
             "size": size,
         }));
@@ -900,9 +794,9 @@ pub fn import_docker_archive(
     }
     let oci_manifest = serde_json::to_vec(&json!({
         "schemaVersion": 2,
-        "mediaType": MEDIA_MANIFEST,
+        "mediaType": mt::OCI_MANIFEST,
         "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "mediaType": mt::OCI_CONFIG,
             "digest": sha256_digest(&config),
             "size": config.len(),
         },
@@ -1039,13 +933,13 @@ pub fn import_dir(
         import_layer(
             store,
             reader,
-            Some("application/vnd.oci.image.layer.v1.tar"),
+            Some(mt::OCI_LAYER_TAR),
             None,
             None,
             &opts.limits,
         )
     })?;
-    let platform = host_platform();
+    let platform = PlatformSpec::host();
     let mut config = json!({
         "created": now_rfc3339(),
         "architecture": platform.architecture,
@@ -1060,14 +954,14 @@ pub fn import_dir(
     let config = serde_json::to_vec(&config).expect("JSON values serialise");
     let manifest = serde_json::to_vec(&json!({
         "schemaVersion": 2,
-        "mediaType": MEDIA_MANIFEST,
+        "mediaType": mt::OCI_MANIFEST,
         "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "mediaType": mt::OCI_CONFIG,
             "digest": sha256_digest(&config),
             "size": config.len(),
         },
         "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar",
+            "mediaType": mt::OCI_LAYER_TAR,
             "digest": info.diff_id,
             "size": info.size,
         }],

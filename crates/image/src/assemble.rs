@@ -13,18 +13,14 @@ use std::io::BufReader;
 use cairn_erofs::tree::InodeData;
 use cairn_erofs::writer::{mkfs_erofs, WriteOptions};
 use cairn_erofs::Tree;
-use cairn_store::{parse_digest, ref_name_for, ImageRecord, ImageRecordLayer, ObjectId, Store};
-use serde::Deserialize;
-use sha2::{Digest, Sha256};
+use cairn_spec::limits::{MAX_CONFIG_SIZE, MAX_LAYERS, MAX_MANIFEST_SIZE};
+use cairn_spec::media_type::DocKind;
+use cairn_spec::{parse_digest, sha256_digest, ImageConfig, ImageManifest};
+use cairn_store::{ref_name_for, ImageRecord, ImageRecordLayer, ObjectId, Store};
 
 use crate::apply::{apply_layer, compact, empty_image};
 use crate::layer::LayerInfo;
 use crate::LayerError;
-
-/// Largest manifest accepted (the distribution spec's limit for manifests).
-pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
-/// Largest image config accepted.
-pub const MAX_CONFIG_BYTES: usize = 16 << 20;
 
 /// What [`assemble_image`] made.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,45 +37,6 @@ pub struct ImportedImage {
     pub name: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-pub(crate) struct Descriptor {
-    pub digest: String,
-    #[serde(default)]
-    pub size: Option<i64>,
-}
-
-#[derive(Debug, Deserialize)]
-pub(crate) struct Manifest {
-    #[serde(rename = "schemaVersion")]
-    pub schema_version: Option<i64>,
-    #[serde(rename = "mediaType", default)]
-    pub media_type: Option<String>,
-    pub config: Descriptor,
-    pub layers: Vec<Descriptor>,
-}
-
-#[derive(Debug, Deserialize)]
-pub(crate) struct RootFs {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub diff_ids: Vec<String>,
-}
-
-#[derive(Debug, Deserialize)]
-pub(crate) struct Config {
-    #[serde(default)]
-    pub created: Option<String>,
-    #[serde(default)]
-    pub architecture: Option<String>,
-    #[serde(default)]
-    pub os: Option<String>,
-    pub rootfs: RootFs,
-}
-
-pub(crate) fn sha256_digest(data: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(data)))
-}
-
 fn image_err(what: &'static str, reason: impl Into<String>) -> LayerError {
     LayerError::Image {
         what,
@@ -87,60 +44,59 @@ fn image_err(what: &'static str, reason: impl Into<String>) -> LayerError {
     }
 }
 
-/// Parses and checks a manifest and its config.
+/// Parses and checks a manifest and its config: sizes within
+/// `cairn_spec::limits`, an image manifest (not an index) of schema 2 whose
+/// digests are all digests cairn verifies, the config the one the
+/// manifest names, and its `rootfs` one diff_id per layer.
 pub(crate) fn parse_image(
     manifest_json: &[u8],
     config_json: &[u8],
-) -> Result<(Manifest, Config), LayerError> {
-    if manifest_json.len() > MAX_MANIFEST_BYTES {
+) -> Result<(ImageManifest, ImageConfig), LayerError> {
+    if manifest_json.len() as u64 > MAX_MANIFEST_SIZE {
         return Err(image_err(
             "manifest",
             format!(
-                "{} bytes is larger than the limit of {MAX_MANIFEST_BYTES}",
+                "{} bytes is larger than the limit of {MAX_MANIFEST_SIZE}",
                 manifest_json.len()
             ),
         ));
     }
-    if config_json.len() > MAX_CONFIG_BYTES {
+    if config_json.len() as u64 > MAX_CONFIG_SIZE {
         return Err(image_err(
             "config",
             format!(
-                "{} bytes is larger than the limit of {MAX_CONFIG_BYTES}",
+                "{} bytes is larger than the limit of {MAX_CONFIG_SIZE}",
                 config_json.len()
             ),
         ));
     }
-    let manifest: Manifest = serde_json::from_slice(manifest_json)
+    let manifest: ImageManifest = serde_json::from_slice(manifest_json)
         .map_err(|e| image_err("manifest", format!("not a valid image manifest: {e}")))?;
-    if manifest.schema_version != Some(2) {
+    if manifest.schema_version != 2 {
         return Err(image_err(
             "manifest",
-            format!("schemaVersion {:?}, expected 2", manifest.schema_version),
+            format!("schemaVersion {}, expected 2", manifest.schema_version),
         ));
     }
-    if let Some(mt) = &manifest.media_type {
-        if !matches!(
-            mt.as_str(),
-            "application/vnd.oci.image.manifest.v1+json"
-                | "application/vnd.docker.distribution.manifest.v2+json"
-        ) {
+    if let Some(t) = &manifest.media_type {
+        if DocKind::of(t) != Some(DocKind::Manifest) {
             return Err(image_err(
                 "manifest",
-                format!("media type {mt:?} is not an image manifest (an index must be resolved to one first)"),
+                format!("media type {t:?} is not an image manifest (an index must be resolved to one first)"),
             ));
         }
+    }
+    if manifest.layers.len() > MAX_LAYERS {
+        return Err(image_err(
+            "manifest",
+            format!("{} layers (at most {MAX_LAYERS})", manifest.layers.len()),
+        ));
     }
     parse_digest(&manifest.config.digest)
         .map_err(|e| image_err("manifest", format!("config descriptor: {e}")))?;
     for (i, l) in manifest.layers.iter().enumerate() {
         parse_digest(&l.digest)
             .map_err(|e| image_err("manifest", format!("layer {} descriptor: {e}", i + 1)))?;
-        if let Some(size) = l.size.filter(|&s| s < 0) {
-            return Err(image_err(
-                "manifest",
-                format!("layer {} descriptor: negative size {size}", i + 1),
-            ));
-        }
     }
     let config_digest = sha256_digest(config_json);
     if manifest.config.digest != config_digest {
@@ -152,27 +108,11 @@ pub(crate) fn parse_image(
             ),
         ));
     }
-    let config: Config = serde_json::from_slice(config_json)
+    let config: ImageConfig = serde_json::from_slice(config_json)
         .map_err(|e| image_err("config", format!("not a valid image config: {e}")))?;
-    if config.rootfs.kind != "layers" {
-        return Err(image_err(
-            "config",
-            format!("rootfs.type {:?}, expected \"layers\"", config.rootfs.kind),
-        ));
-    }
-    if config.rootfs.diff_ids.len() != manifest.layers.len() {
-        return Err(image_err(
-            "config",
-            format!(
-                "{} diff_ids for {} layers in the manifest",
-                config.rootfs.diff_ids.len(),
-                manifest.layers.len()
-            ),
-        ));
-    }
-    for (i, d) in config.rootfs.diff_ids.iter().enumerate() {
-        parse_digest(d).map_err(|e| image_err("config", format!("rootfs.diff_ids[{i}]: {e}")))?;
-    }
+    config
+        .check_rootfs(manifest.layers.len())
+        .map_err(|e| image_err("config", e.to_string()))?;
     Ok((manifest, config))
 }
 
@@ -273,8 +213,9 @@ pub fn assemble_image_from(
     let _lock = store
         .lock_shared()
         .map_err(LayerError::store("locking the store"))?;
+    let diff_ids = config.rootfs.as_ref().map_or(&[][..], |r| &r.diff_ids);
     let mut layers = Vec::new();
-    for (diff_id, desc) in config.rootfs.diff_ids.iter().zip(&manifest.layers) {
+    for (diff_id, desc) in diff_ids.iter().zip(&manifest.layers) {
         let rec = store
             .layer_record(diff_id)
             .map_err(LayerError::store(format!("reading layer {diff_id}")))?
@@ -286,14 +227,11 @@ pub fn assemble_image_from(
             blob_digest: Some(desc.digest.clone()),
             entries: rec.entries,
             size: rec.size,
-            compressed_size: desc
-                .size
-                .and_then(|s| u64::try_from(s).ok())
-                .unwrap_or(rec.compressed_size),
+            compressed_size: desc.size,
             cached: true,
         });
     }
-    let tree = build_image_tree(store, &config.rootfs.diff_ids)?;
+    let tree = build_image_tree(store, diff_ids)?;
     let content_size = check_objects(store, &tree)?;
     let (image_digest, image_size) = write_image(store, &tree)?;
     let record = ImageRecord {

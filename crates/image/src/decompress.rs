@@ -19,53 +19,9 @@ use sha2::{Digest, Sha256};
 /// Uncompressed bytes past which the ratio limit applies.
 pub const RATIO_FLOOR: u64 = 64 << 20;
 
-/// How a layer blob is compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compression {
-    None,
-    Gzip,
-    Zstd,
-}
-
-impl Compression {
-    pub fn name(self) -> &'static str {
-        match self {
-            Compression::None => "none",
-            Compression::Gzip => "gzip",
-            Compression::Zstd => "zstd",
-        }
-    }
-
-    /// The compression the first bytes of a blob show, if any.
-    pub fn from_magic(head: &[u8]) -> Option<Compression> {
-        if head.starts_with(&[0x1f, 0x8b]) {
-            Some(Compression::Gzip)
-        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-            Some(Compression::Zstd)
-        } else {
-            None
-        }
-    }
-}
-
-/// Layer media types cairn reads, and the compression each says.
-pub fn compression_for_media_type(media_type: &str) -> Option<Compression> {
-    // Parameters (`; charset=…`) do not change the type.
-    let mt = media_type.split(';').next().unwrap_or("").trim();
-    Some(match mt {
-        "application/vnd.oci.image.layer.v1.tar"
-        | "application/vnd.oci.image.layer.nondistributable.v1.tar"
-        | "application/vnd.docker.image.rootfs.diff.tar" => Compression::None,
-        "application/vnd.oci.image.layer.v1.tar+gzip"
-        | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
-        | "application/vnd.docker.image.rootfs.diff.tar.gzip"
-        | "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip" => Compression::Gzip,
-        "application/vnd.oci.image.layer.v1.tar+zstd"
-        | "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd"
-        | "application/vnd.docker.image.rootfs.diff.tar.zstd" => Compression::Zstd,
-        _ => return None,
-    })
-}
+/// How a layer is compressed: the image spec's notion, shared with the
+/// registry client (the media type table is `cairn_spec`'s).
+pub use cairn_spec::Compression;
 
 /// The blob reader failed (not the data in it).
 #[derive(Debug)]

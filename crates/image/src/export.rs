@@ -24,7 +24,11 @@ use cairn_store::{ObjectId, Store};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::assemble::{now_rfc3339, sha256_digest};
+use cairn_spec::image::ANNOTATION_REF_NAME;
+use cairn_spec::media_type as mt;
+use cairn_spec::sha256_digest;
+
+use crate::assemble::now_rfc3339;
 use crate::LayerError;
 
 /// What [`export_oci_layout`] wrote.
@@ -415,7 +419,7 @@ pub fn export_oci_layout(
         Some(r) => serde_json::from_str(&r.config)
             .map_err(|e| export_err(dest, format!("the recorded config: {e}")))?,
         None => {
-            let p = crate::archive::host_platform();
+            let p = cairn_spec::PlatformSpec::host();
             json!({"architecture": p.architecture, "os": p.os, "config": {}})
         }
     };
@@ -427,14 +431,14 @@ pub fn export_oci_layout(
     let config_digest = put_blob(dest, &config_bytes)?;
     let manifest = json!({
         "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "mediaType": mt::OCI_MANIFEST,
         "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "mediaType": mt::OCI_CONFIG,
             "digest": config_digest,
             "size": config_bytes.len(),
         },
         "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "mediaType": mt::OCI_LAYER_GZIP,
             "digest": layer_digest,
             "size": layer_size,
         }],
@@ -453,17 +457,17 @@ pub fn export_oci_layout(
             .map_err(|e| export_err(dest, format!("existing index.json: {e}")))?,
         Err(e) if e.kind() == io::ErrorKind::NotFound => json!({
             "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "mediaType": mt::OCI_INDEX,
             "manifests": [],
         }),
         Err(e) => return Err(export_err(dest, format!("reading index.json: {e}"))),
     };
-    let platform = crate::archive::host_platform();
+    let platform = cairn_spec::PlatformSpec::host();
     let desc = json!({
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "mediaType": mt::OCI_MANIFEST,
         "digest": manifest_digest,
         "size": manifest_bytes.len(),
-        "annotations": {"org.opencontainers.image.ref.name": tag},
+        "annotations": {ANNOTATION_REF_NAME: tag},
         "platform": {
             "architecture": config.get("architecture").and_then(Value::as_str).unwrap_or(&platform.architecture),
             "os": config.get("os").and_then(Value::as_str).unwrap_or(&platform.os),
@@ -473,11 +477,7 @@ pub fn export_oci_layout(
         .get_mut("manifests")
         .and_then(Value::as_array_mut)
         .ok_or_else(|| export_err(dest, "existing index.json has no manifests list"))?;
-    manifests.retain(|m| {
-        m.pointer("/annotations/org.opencontainers.image.ref.name")
-            .and_then(Value::as_str)
-            != Some(tag)
-    });
+    manifests.retain(|m| crate::archive::ref_name(m) != Some(tag));
     manifests.push(desc);
     let index_bytes = serde_json::to_vec_pretty(&index).expect("JSON values serialise");
     write_atomic(&index_path, &index_bytes)

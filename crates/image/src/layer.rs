@@ -51,8 +51,7 @@ use cairn_store::{
 };
 
 use crate::decompress::{
-    compression_for_media_type, open_blob, Compression, DecompressError, LimitError, OpenError,
-    SourceError,
+    open_blob, Compression, DecompressError, LimitError, OpenError, SourceError,
 };
 use crate::tar::{Chunk, EntryKind, TarEntry, TarError, TarErrorKind, TarLimits, TarReader};
 use crate::{pipeline, LayerError};
@@ -193,7 +192,7 @@ pub fn import_layer(
     }
     let declared = match media_type {
         Some(mt) => Some(
-            compression_for_media_type(mt).ok_or_else(|| LayerError::MediaType {
+            Compression::of_layer(mt).ok_or_else(|| LayerError::MediaType {
                 layer: layer.clone(),
                 media_type: mt.to_owned(),
             })?,

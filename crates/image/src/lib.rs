@@ -38,16 +38,14 @@ mod tar;
 
 #[doc(hidden)]
 pub use archive::fuzz_layout_json;
-pub use archive::{
-    host_platform, import_dir, import_docker_archive, import_oci_layout, ImportOptions, Platform,
-};
+pub use archive::{import_dir, import_docker_archive, import_oci_layout, ImportOptions};
 #[doc(hidden)]
 pub use assemble::fuzz_parse_image;
-pub use assemble::{
-    assemble_image, assemble_image_from, build_image_tree, ImportedImage, MAX_CONFIG_BYTES,
-    MAX_MANIFEST_BYTES,
-};
-pub use decompress::{compression_for_media_type, Compression};
+pub use assemble::{assemble_image, assemble_image_from, build_image_tree, ImportedImage};
+/// The platform an import picks from an index: `cairn-spec`'s, the one a
+/// registry pull uses too.
+pub use cairn_spec::PlatformSpec;
+pub use decompress::Compression;
 pub use error::LayerError;
 pub use export::{export_oci_layout, write_tar, ExportedImage};
 pub use fuzz::fuzz_apply;

@@ -8,7 +8,7 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use cairn_image::{import_oci_layout, ImportOptions, Platform};
+use cairn_image::{import_oci_layout, ImportOptions, PlatformSpec};
 use common::*;
 use serde_json::json;
 
@@ -75,7 +75,7 @@ fn oci_layout_tags_indexes_and_platforms() {
     layout(&dir);
     let s = open_store(&d.path().join("store"));
     let opts = |p: &str| ImportOptions {
-        platform: Some(Platform::parse(p).unwrap()),
+        platform: Some(PlatformSpec::parse(p).unwrap()),
         ..Default::default()
     };
     let arm = import_oci_layout(&s, &dir, Some("multi"), &opts("linux/arm64")).unwrap();
@@ -87,6 +87,13 @@ fn oci_layout_tags_indexes_and_platforms() {
         content(&s, &entries(&image_tree(&s, &amd))["/arch"]),
         b"amd64"
     );
+    // uname's and Rust's names are the OCI ones, as for a registry pull
+    // (the same parser): `--platform linux/x86_64` is amd64, aarch64 arm64.
+    let x86_64 = import_oci_layout(&s, &dir, Some("multi"), &opts("linux/x86_64")).unwrap();
+    assert_eq!(x86_64.image_digest, amd.image_digest);
+    assert_eq!(x86_64.manifest_digest, amd.manifest_digest);
+    let aarch64 = import_oci_layout(&s, &dir, Some("multi"), &opts("linux/aarch64/v8")).unwrap();
+    assert_eq!(aarch64.manifest_digest, arm.manifest_digest);
     // The amd64 layer is cached the second time round.
     let single = import_oci_layout(&s, &dir, Some("single"), &ImportOptions::default()).unwrap();
     assert!(single.layers[0].cached);
@@ -233,7 +240,7 @@ fn bad_layout(dir: &Path, bad: Bad) {
         f(&mut layer);
     }
     let layer_desc = desc_of(dir, LAYER_TAR, &layer, bad.layer_desc);
-    let host = cairn_image::host_platform();
+    let host = cairn_image::PlatformSpec::host();
     let config = serde_json::to_vec(&json!({
         "architecture": host.architecture, "os": "linux",
         "rootfs": {"type": "layers", "diff_ids": [sha256(&tar)]},
@@ -592,7 +599,7 @@ fn docker_archive(
     let mut l = Layer::new();
     l.file("f", b"from a docker archive\n", 0o644);
     let mut layer = l.finish();
-    let host = cairn_image::host_platform();
+    let host = cairn_image::PlatformSpec::host();
     let mut config = json!({
         "architecture": host.architecture, "os": "linux",
         "rootfs": {"type": "layers", "diff_ids": [sha256(&layer)]},

@@ -158,6 +158,15 @@ pub enum PullError {
     Cancelled,
 }
 
+impl From<cairn_spec::InvalidPlatform> for PullError {
+    fn from(e: cairn_spec::InvalidPlatform) -> Self {
+        PullError::InvalidPlatform {
+            input: e.input,
+            reason: e.reason,
+        }
+    }
+}
+
 impl From<cairn_store::StoreError> for PullError {
     fn from(e: cairn_store::StoreError) -> Self {
         PullError::Store(Box::new(e))

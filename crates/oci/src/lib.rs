@@ -16,7 +16,9 @@
 //! Supported: OCI image indexes and manifests, Docker schema 2 manifests and
 //! manifest lists; tar, tar+gzip and tar+zstd layers. Refused with a clear
 //! error: Docker schema 1, unknown media types, non-image artifacts.
-//! Credentials: see [`auth`] (no credential helpers).
+//! Credentials: see [`auth`] (no credential helpers). The image spec's
+//! types, media types, digests, platforms and limits are `cairn-spec`'s
+//! ([`spec`] re-exports what a pull uses).
 //!
 //! This crate never parses tar and never writes to the store itself: the
 //! layer importer in `cairn-image` does both, and publishes nothing it has
@@ -26,17 +28,17 @@
 
 pub mod auth;
 pub mod client;
-pub mod digest;
 mod error;
-pub mod platform;
 pub mod pull;
 pub mod reference;
 pub mod spec;
 
+/// Digests and platforms are `cairn-spec`'s, shared with the local image
+/// sources so that a pull and an import read them alike.
+pub use cairn_spec::{digest, platform};
+pub use cairn_spec::{Digest, PlatformSpec};
 pub use client::{ClientOptions, Registry};
-pub use digest::Digest;
 pub use error::PullError;
-pub use platform::PlatformSpec;
 pub use pull::{
     pull, resolve, LayerReport, PullEvent, PullObserver, PullOptions, PullReport, Resolved,
 };

@@ -7,7 +7,7 @@
 //! digest against the manifest; each layer blob's size by the blob reader
 //! and its digest and diff_id by the layer importer while it streams,
 //! before the layer becomes visible; the image is assembled only once every
-//! layer is in. Every digest is parsed (`cairn_store::parse_digest`) before
+//! layer is in. Every digest is parsed (`cairn_spec::parse_digest`) before
 //! a URL is made from it. An interrupted pull leaves only `tmp/` debris, and the layers it
 //! finished are reused by the next one.
 //!
@@ -27,9 +27,7 @@ use crate::platform::{self, PlatformSpec};
 use crate::reference::ImageRef;
 use crate::spec::{self, media_type, Compression, Manifest, MAX_CONFIG_SIZE, MAX_MANIFEST_SIZE};
 use crate::PullError;
-
-/// How deep indexes may nest (an index whose entry is an index).
-const MAX_INDEX_DEPTH: usize = 2;
+use cairn_spec::limits::MAX_INDEX_DEPTH;
 
 /// One layer of a resolved image.
 #[derive(Debug, Clone)]
@@ -117,13 +115,19 @@ pub fn resolve(
                 detail: format!("image indexes nested more than {MAX_INDEX_DEPTH} deep"),
             });
         }
-        let entry = platform::choose(&index.manifests, &want, &display)?;
+        let entry = platform::choose(&index.manifests, &want).map_err(|e| {
+            PullError::NoMatchingPlatform {
+                reference: display.clone(),
+                wanted: e.wanted,
+                available: e.available,
+            }
+        })?;
         let entry_platform = entry.platform.as_ref().map(platform::describe);
         let child_what = format!(
             "manifest {display} for {}",
             entry_platform.as_deref().unwrap_or("its only platform")
         );
-        let child = entry.digest(&child_what)?;
+        let child = spec::descriptor_digest(entry, &child_what)?;
         spec::check_manifest_media_type(&entry.media_type, &child_what)?;
         if entry.size > MAX_MANIFEST_SIZE {
             return Err(PullError::TooLarge {
@@ -157,7 +161,7 @@ pub fn resolve(
 
     let config_what = format!("config of {display}");
     spec::check_config_media_type(&image.config.media_type, &config_what)?;
-    let config_digest = image.config.digest(&config_what)?;
+    let config_digest = spec::descriptor_digest(&image.config, &config_what)?;
     let config_what = format!("config {config_digest} of {display}");
     if image.config.size > MAX_CONFIG_SIZE {
         return Err(PullError::TooLarge {
@@ -179,10 +183,22 @@ pub fn resolve(
         &config_bytes,
     )?;
     let config = spec::parse_config(&config_bytes, image.layers.len(), &config_what)?;
+    let diff_ids = config.rootfs.as_ref().map_or(&[][..], |r| &r.diff_ids);
     if let (Some(wanted), None, Some(arch)) = (platform, &index_digest, &config.architecture) {
-        // A single-platform image for another platform than asked for.
+        // A single-platform image for another platform than asked for. Its
+        // variant is not compared: configs often leave it out, and the
+        // image is the only one there is.
         let os = config.os.clone().unwrap_or_else(|| "linux".to_string());
-        if os != wanted.os || platform::normalize_arch(arch) != wanted.architecture {
+        let have = spec::Platform {
+            architecture: arch.clone(),
+            os: os.clone(),
+            ..Default::default()
+        };
+        let wanted_any_variant = PlatformSpec {
+            variant: None,
+            ..wanted.clone()
+        };
+        if !wanted_any_variant.matches(&have) {
             let mut have = format!("{os}/{arch}");
             if let Some(v) = config.variant.as_deref().filter(|v| !v.is_empty()) {
                 have = format!("{have}/{v}");
@@ -196,16 +212,16 @@ pub fn resolve(
     }
 
     let mut layers = Vec::with_capacity(image.layers.len());
-    for (i, (desc, diff_id)) in image.layers.iter().zip(&config.rootfs.diff_ids).enumerate() {
+    for (i, (desc, diff_id)) in image.layers.iter().zip(diff_ids).enumerate() {
         let lwhat = format!("layer {} of {display}", i + 1);
-        let digest = desc.digest(&lwhat)?;
+        let digest = spec::descriptor_digest(desc, &lwhat)?;
         let compression =
             spec::layer_compression(&desc.media_type, &format!("layer {digest} of {display}"))?;
         layers.push(LayerPlan {
             digest,
-            diff_id: Digest::parse(diff_id).map_err(|detail| PullError::Invalid {
+            diff_id: Digest::parse(diff_id).map_err(|e| PullError::Invalid {
                 what: lwhat,
-                detail,
+                detail: e.to_string(),
             })?,
             size: desc.size,
             media_type: desc.media_type.clone(),

@@ -1,118 +1,26 @@
-//! The parts of the OCI image spec (and Docker's schema 2, its ancestor) a
-//! pull reads: media types, descriptors, image indexes and manifests, and
-//! the `rootfs` of an image config.
-//!
-//! Structs are our own and strict where it matters: a field a pull relies on
-//! must be there with the right type, a digest must be a digest, and
-//! `schemaVersion` must be 2. Fields nobody reads here (annotations, history,
-//! the runtime config) are left to whoever consumes the raw JSON; the image
-//! assembler gets the bytes, not these structs. Parsing is pure: no I/O.
+//! Reading the image spec's documents as a registry serves them: which
+//! media type a manifest response is, refusing schema 1 and unknown types,
+//! and the checks a pull needs on a config. The types, media types, limits
+//! and digest rules are `cairn-spec`'s (re-exported here); this module adds
+//! what depends on a registry (Content-Type headers) and says it in
+//! [`PullError`]s. Parsing is pure: no I/O.
 
-use std::collections::BTreeMap;
-
-use serde::Deserialize;
+pub use cairn_spec::image::{Descriptor, ImageConfig, ImageIndex, ImageManifest, Platform};
+pub use cairn_spec::limits::{MAX_CONFIG_SIZE, MAX_LAYERS, MAX_MANIFEST_SIZE};
+pub use cairn_spec::media_type;
+pub use cairn_spec::Compression;
 
 use crate::digest::Digest;
 use crate::PullError;
 
-/// Media types cairn reads.
-pub mod media_type {
-    pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-    pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-    pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-    pub const OCI_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
-    pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-    pub const OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
-    pub const OCI_LAYER_NONDIST_TAR: &str =
-        "application/vnd.oci.image.layer.nondistributable.v1.tar";
-    pub const OCI_LAYER_NONDIST_GZIP: &str =
-        "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip";
-    pub const OCI_LAYER_NONDIST_ZSTD: &str =
-        "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd";
-    pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-    pub const DOCKER_MANIFEST_LIST: &str =
-        "application/vnd.docker.distribution.manifest.list.v2+json";
-    pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
-    pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
-    pub const DOCKER_LAYER_FOREIGN_GZIP: &str =
-        "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip";
-    pub const DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+json";
-    pub const DOCKER_SCHEMA1_SIGNED: &str =
-        "application/vnd.docker.distribution.manifest.v1+prettyjws";
-
-    /// What a manifest request accepts, most preferred first.
-    pub const MANIFEST_ACCEPT: [&str; 4] = [
-        OCI_INDEX,
-        OCI_MANIFEST,
-        DOCKER_MANIFEST_LIST,
-        DOCKER_MANIFEST,
-    ];
-}
-
 use media_type as mt;
 
-/// The largest manifest or index we read (the distribution spec lets
-/// registries refuse manifests over 4 MiB; so do we).
-pub const MAX_MANIFEST_SIZE: u64 = 4 << 20;
-
-/// The largest image config we read.
-pub const MAX_CONFIG_SIZE: u64 = 8 << 20;
-
-/// Most layers an image may have (docker's limit is 127; OCI has none, so
-/// allow headroom without allowing absurd counts).
-pub const MAX_LAYERS: usize = 1000;
-
-/// A content descriptor.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Descriptor {
-    #[serde(rename = "mediaType")]
-    pub media_type: String,
-    pub digest: String,
-    pub size: u64,
-    #[serde(default)]
-    pub urls: Vec<String>,
-    #[serde(default)]
-    pub platform: Option<Platform>,
-    #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
-}
-
-impl Descriptor {
-    /// The digest, validated.
-    pub fn digest(&self, what: &str) -> Result<Digest, PullError> {
-        Digest::parse(&self.digest).map_err(|detail| PullError::Invalid {
-            what: what.to_string(),
-            detail: format!("descriptor digest: {detail}"),
-        })
-    }
-}
-
-/// A platform as an index entry states it.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Platform {
-    pub architecture: String,
-    pub os: String,
-    #[serde(rename = "os.version", default)]
-    pub os_version: Option<String>,
-    #[serde(default)]
-    pub variant: Option<String>,
-}
-
-/// An image index (OCI) or manifest list (Docker).
-#[derive(Debug, Clone, Deserialize)]
-pub struct ImageIndex {
-    #[serde(rename = "schemaVersion")]
-    pub schema_version: u32,
-    pub manifests: Vec<Descriptor>,
-}
-
-/// An image manifest (OCI or Docker schema 2).
-#[derive(Debug, Clone, Deserialize)]
-pub struct ImageManifest {
-    #[serde(rename = "schemaVersion")]
-    pub schema_version: u32,
-    pub config: Descriptor,
-    pub layers: Vec<Descriptor>,
+/// The digest of `descriptor`, checked; `what` names whose it is.
+pub fn descriptor_digest(descriptor: &Descriptor, what: &str) -> Result<Digest, PullError> {
+    descriptor.digest().map_err(|e| PullError::Invalid {
+        what: what.to_string(),
+        detail: format!("descriptor digest: {e}"),
+    })
 }
 
 /// A parsed manifest document: what `GET /v2/<name>/manifests/<ref>` serves.
@@ -122,68 +30,14 @@ pub enum Manifest {
     Image(ImageManifest),
 }
 
-/// The one part of the image config a pull checks.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ImageConfig {
-    #[serde(default)]
-    pub architecture: Option<String>,
-    #[serde(default)]
-    pub os: Option<String>,
-    #[serde(default)]
-    pub variant: Option<String>,
-    pub rootfs: RootFs,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct RootFs {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub diff_ids: Vec<String>,
-}
-
-/// How a layer blob is compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compression {
-    None,
-    Gzip,
-    Zstd,
-}
-
-impl Compression {
-    /// The OCI media type for a layer compressed this way: what the layer
-    /// importer is handed, whichever spelling the manifest used.
-    pub fn oci_media_type(self) -> &'static str {
-        match self {
-            Compression::None => mt::OCI_LAYER_TAR,
-            Compression::Gzip => mt::OCI_LAYER_GZIP,
-            Compression::Zstd => mt::OCI_LAYER_ZSTD,
-        }
-    }
-}
-
 /// The compression of a layer of media type `media_type`, or an error for
 /// anything that is not a tar layer.
 pub fn layer_compression(media_type: &str, what: &str) -> Result<Compression, PullError> {
-    Ok(match media_type {
-        mt::OCI_LAYER_TAR | mt::OCI_LAYER_NONDIST_TAR => Compression::None,
-        mt::OCI_LAYER_GZIP
-        | mt::OCI_LAYER_NONDIST_GZIP
-        | mt::DOCKER_LAYER_GZIP
-        | mt::DOCKER_LAYER_FOREIGN_GZIP => Compression::Gzip,
-        mt::OCI_LAYER_ZSTD | mt::OCI_LAYER_NONDIST_ZSTD => Compression::Zstd,
-        other => {
-            return Err(PullError::UnsupportedMediaType {
-                what: what.to_string(),
-                media_type: other.to_string(),
-                hint: "layers must be tar, tar+gzip or tar+zstd".to_string(),
-            })
-        }
+    Compression::of_layer(media_type).ok_or_else(|| PullError::UnsupportedMediaType {
+        what: what.to_string(),
+        media_type: media_type.to_string(),
+        hint: "layers must be tar, tar+gzip or tar+zstd".to_string(),
     })
-}
-
-/// Media type parameters (`; charset=…`) are not part of the type.
-fn bare(content_type: &str) -> &str {
-    content_type.split(';').next().unwrap_or("").trim()
 }
 
 fn invalid(what: &str, detail: impl Into<String>) -> PullError {
@@ -233,8 +87,8 @@ pub fn parse_manifest_for(
 /// Checks that an index entry names a manifest or an index.
 pub fn check_manifest_media_type(media_type: &str, what: &str) -> Result<(), PullError> {
     match media_type {
-        mt::OCI_INDEX | mt::DOCKER_MANIFEST_LIST | mt::OCI_MANIFEST | mt::DOCKER_MANIFEST => Ok(()),
-        mt::DOCKER_SCHEMA1 | mt::DOCKER_SCHEMA1_SIGNED => Err(PullError::Schema1 {
+        t if mt::DocKind::of(t).is_some() => Ok(()),
+        t if mt::is_schema1(t) => Err(PullError::Schema1 {
             what: what.to_string(),
         }),
         other => Err(PullError::UnsupportedMediaType {
@@ -265,12 +119,12 @@ fn parse_manifest_declared(
         Some(_) => return Err(invalid(what, "mediaType is not a string")),
         None => None,
     };
-    let header = content_type.map(bare).filter(|s| !s.is_empty());
+    let header = content_type.map(mt::bare).filter(|s| !s.is_empty());
     if schema == Some(1)
         || [declared, header]
             .iter()
             .flatten()
-            .any(|t| *t == mt::DOCKER_SCHEMA1 || *t == mt::DOCKER_SCHEMA1_SIGNED)
+            .any(|t| mt::is_schema1(t))
     {
         return Err(PullError::Schema1 {
             what: what.to_string(),
@@ -327,7 +181,7 @@ fn parse_manifest_declared(
 /// Checks that a config descriptor names an image config.
 pub fn check_config_media_type(media_type: &str, what: &str) -> Result<(), PullError> {
     match media_type {
-        mt::OCI_CONFIG | mt::DOCKER_CONFIG => Ok(()),
+        t if mt::is_image_config(t) => Ok(()),
         other => Err(PullError::UnsupportedMediaType {
             what: what.to_string(),
             media_type: other.to_string(),
@@ -343,27 +197,9 @@ pub fn check_config_media_type(media_type: &str, what: &str) -> Result<(), PullE
 pub fn parse_config(bytes: &[u8], layers: usize, what: &str) -> Result<ImageConfig, PullError> {
     let config: ImageConfig =
         serde_json::from_slice(bytes).map_err(|e| invalid(what, e.to_string()))?;
-    if config.rootfs.kind != "layers" {
-        return Err(invalid(
-            what,
-            format!(
-                "rootfs.type is {:?}, expected \"layers\"",
-                config.rootfs.kind
-            ),
-        ));
-    }
-    if config.rootfs.diff_ids.len() != layers {
-        return Err(invalid(
-            what,
-            format!(
-                "rootfs.diff_ids has {} entries but the manifest has {layers} layers",
-                config.rootfs.diff_ids.len()
-            ),
-        ));
-    }
-    for d in &config.rootfs.diff_ids {
-        Digest::parse(d).map_err(|e| invalid(what, format!("rootfs.diff_ids: {e}")))?;
-    }
+    config
+        .check_rootfs(layers)
+        .map_err(|e| invalid(what, e.to_string()))?;
     Ok(config)
 }
 

@@ -256,7 +256,7 @@ fn cases() -> Vec<Case> {
                 i
             },
             tag_ref,
-            &["config {config} of {addr}/img:v1 is too large: 104857600 bytes (limit 8388608)"],
+            &["config {config} of {addr}/img:v1 is too large: 104857600 bytes (limit 16777216)"],
             |_, _, _| None,
         ),
         case(

@@ -610,7 +610,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         resources,
         nofile: nofile_limit(),
     });
-    let json = serde_json::to_vec_pretty(&oci).expect("spec serializes");
+    let json = spec::config_json(&oci);
     bundle
         .write("config.json", &json)
         .map_err(|e| fail(&st, e))?;

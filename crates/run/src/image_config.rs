@@ -6,8 +6,6 @@
 //! Pure functions over strings; reading the files out of the mounted
 //! rootfs is the caller's business.
 
-use serde::Deserialize;
-
 use crate::spec::DEFAULT_PATH;
 
 /// The parts of an OCI image config that `run` uses.
@@ -21,29 +19,6 @@ pub struct ImageConfig {
     pub stop_signal: Option<String>,
 }
 
-#[derive(Deserialize, Default)]
-struct ConfigFile {
-    #[serde(default)]
-    config: Option<RawConfig>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "PascalCase")]
-struct RawConfig {
-    #[serde(default)]
-    entrypoint: Option<Vec<String>>,
-    #[serde(default)]
-    cmd: Option<Vec<String>>,
-    #[serde(default)]
-    env: Option<Vec<String>>,
-    #[serde(default)]
-    working_dir: Option<String>,
-    #[serde(default)]
-    user: Option<String>,
-    #[serde(default)]
-    stop_signal: Option<String>,
-}
-
 impl ImageConfig {
     /// What an image without a config (made by `cairn mkfs`) runs: a shell.
     pub fn fallback() -> Self {
@@ -54,9 +29,10 @@ impl ImageConfig {
         }
     }
 
-    /// Parses an OCI image config JSON document.
+    /// Parses an OCI image config JSON document (with `cairn-spec`'s
+    /// types, the ones the importer checked it with).
     pub fn parse(json: &str) -> Result<Self, String> {
-        let file: ConfigFile =
+        let file: cairn_spec::ImageConfig =
             serde_json::from_str(json).map_err(|e| format!("invalid image config: {e}"))?;
         let c = file.config.unwrap_or_default();
         let nonempty = |s: Option<String>| s.filter(|s| !s.is_empty());

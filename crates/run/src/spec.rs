@@ -2,31 +2,45 @@
 //! subset crun 1.8 needs) and how cairn builds it from an image config and
 //! the `cairn run` flags.
 //!
-//! Only the types and a pure builder live here: no I/O, so every default
-//! (mounts, capabilities, masked paths) is pinned by unit tests. The
-//! defaults follow podman's: its default capability set, its masked and
-//! read-only paths, tmpfs `/dev`, a private `/dev/shm`, read-only `/sys`.
+//! The document is the `oci-spec` crate's typed runtime [`Spec`], so every
+//! field name and shape is the spec's, not a copy kept by hand. Its types
+//! come with defaults of their own (youki's: a hostname, mounts, a
+//! capability set, `noNewPrivileges`); [`build_spec`] sets every field it
+//! writes and clears the others, so what crun gets is only what is built
+//! here. The test `config_json_is_unchanged` pins the JSON for
+//! representative containers.
+//!
+//! Only a pure builder lives here: no I/O, so every default (mounts,
+//! capabilities, masked paths) is pinned by unit tests. The defaults follow
+//! podman's: its default capability set, its masked and read-only paths,
+//! tmpfs `/dev`, a private `/dev/shm`, read-only `/sys`.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
+use oci_spec::runtime::{
+    Capabilities, Capability, Linux, LinuxCapabilities, LinuxCpu, LinuxDeviceCgroup,
+    LinuxIdMapping, LinuxIdMappingBuilder, LinuxMemory, LinuxNamespace, LinuxNamespaceType,
+    LinuxPids, LinuxResources, Mount, PosixRlimitBuilder, PosixRlimitType, Process, Root, Spec,
+};
 use serde::{Deserialize, Serialize};
 
 /// The runtime-spec version written into `config.json`.
 pub const OCI_VERSION: &str = "1.0.2";
 
 /// podman's default capabilities (containers.conf `default_capabilities`).
-pub const DEFAULT_CAPABILITIES: [&str; 11] = [
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FOWNER",
-    "CAP_FSETID",
-    "CAP_KILL",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SETFCAP",
-    "CAP_SETGID",
-    "CAP_SETPCAP",
-    "CAP_SETUID",
-    "CAP_SYS_CHROOT",
+pub const DEFAULT_CAPABILITIES: [Capability; 11] = [
+    Capability::Chown,
+    Capability::DacOverride,
+    Capability::Fowner,
+    Capability::Fsetid,
+    Capability::Kill,
+    Capability::NetBindService,
+    Capability::Setfcap,
+    Capability::Setgid,
+    Capability::Setpcap,
+    Capability::Setuid,
+    Capability::SysChroot,
 ];
 
 /// Paths hidden from the container (an empty file or tmpfs over them).
@@ -57,136 +71,13 @@ pub const READONLY_PATHS: [&str; 6] = [
 /// The PATH a container gets when its image sets none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Spec {
-    pub oci_version: String,
-    pub process: Process,
-    pub root: Root,
-    pub hostname: String,
-    pub mounts: Vec<Mount>,
-    pub linux: Linux,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Process {
-    pub terminal: bool,
-    pub user: User,
-    pub args: Vec<String>,
-    pub env: Vec<String>,
-    pub cwd: String,
-    pub capabilities: Capabilities,
-    pub rlimits: Vec<Rlimit>,
-    pub no_new_privileges: bool,
-}
-
+/// The user the container's process runs as, resolved from the image and
+/// `--user` (an input: the runtime config's `process.user` is made from it).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct User {
     pub uid: u32,
     pub gid: u32,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub additional_gids: Vec<u32>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Capabilities {
-    pub bounding: Vec<String>,
-    pub effective: Vec<String>,
-    pub inheritable: Vec<String>,
-    pub permitted: Vec<String>,
-    pub ambient: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rlimit {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub hard: u64,
-    pub soft: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Root {
-    pub path: String,
-    pub readonly: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mount {
-    pub destination: String,
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub source: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub options: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Linux {
-    pub namespaces: Vec<Namespace>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub uid_mappings: Vec<IdMapping>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub gid_mappings: Vec<IdMapping>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cgroups_path: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<Resources>,
-    pub masked_paths: Vec<String>,
-    pub readonly_paths: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Namespace {
-    #[serde(rename = "type")]
-    pub kind: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct IdMapping {
-    #[serde(rename = "containerID")]
-    pub container_id: u32,
-    #[serde(rename = "hostID")]
-    pub host_id: u32,
-    pub size: u32,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Resources {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub devices: Vec<DeviceRule>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory: Option<MemoryLimit>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<CpuLimit>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pids: Option<PidsLimit>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceRule {
-    pub allow: bool,
-    pub access: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemoryLimit {
-    pub limit: i64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CpuLimit {
-    pub quota: i64,
-    pub period: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PidsLimit {
-    pub limit: i64,
 }
 
 /// Resource limits as the flags give them.
@@ -256,91 +147,183 @@ pub struct SpecInput {
     pub cgroups_path: Option<String>,
     /// Limits crun applies itself (pure v1 or pure v2 hosts); on a hybrid
     /// host cairn applies them through v1 controllers and this is empty.
-    pub resources: Option<Resources>,
+    pub resources: Option<LinuxResources>,
     /// RLIMIT_NOFILE for the container (soft = hard).
     pub nofile: u64,
 }
 
 /// Builds the runtime config.
 pub fn build_spec(input: &SpecInput) -> Spec {
-    let caps: Vec<String> = DEFAULT_CAPABILITIES.iter().map(|s| s.to_string()).collect();
+    let caps: Capabilities = DEFAULT_CAPABILITIES.into_iter().collect();
     // As podman: a non-root user keeps the bounding set but starts with no
     // effective capabilities.
     let live = if input.user.uid == 0 {
         caps.clone()
     } else {
-        Vec::new()
+        Capabilities::new()
     };
-    let mut namespaces: Vec<Namespace> = ["pid", "ipc", "uts", "mount", "cgroup"]
-        .iter()
-        .map(|k| Namespace {
-            kind: k.to_string(),
+    let mut capabilities = LinuxCapabilities::default();
+    capabilities
+        .set_bounding(Some(caps))
+        .set_effective(Some(live.clone()))
+        .set_inheritable(Some(Capabilities::new()))
+        .set_permitted(Some(live))
+        .set_ambient(Some(Capabilities::new()));
+
+    let mut user = oci_spec::runtime::User::default();
+    user.set_uid(input.user.uid)
+        .set_gid(input.user.gid)
+        .set_additional_gids(Some(input.user.additional_gids.clone()).filter(|g| !g.is_empty()));
+
+    // These builders fail only when a field without a default is missing;
+    // every field is given.
+    let nofile = PosixRlimitBuilder::default()
+        .typ(PosixRlimitType::RlimitNofile)
+        .hard(input.nofile)
+        .soft(input.nofile)
+        .build()
+        .expect("every field of the rlimit is set");
+
+    // Every field of the process is set: the type's defaults are not ours.
+    let mut process = Process::default();
+    process
+        .set_terminal(Some(input.terminal))
+        .set_console_size(None)
+        .set_user(user)
+        .set_args(Some(input.args.clone()))
+        .set_command_line(None)
+        .set_env(Some(input.env.clone()))
+        .set_cwd(PathBuf::from(&input.cwd))
+        .set_capabilities(Some(capabilities))
+        .set_rlimits(Some(vec![nofile]))
+        .set_no_new_privileges(Some(false))
+        .set_apparmor_profile(None)
+        .set_oom_score_adj(None)
+        .set_selinux_label(None)
+        .set_io_priority(None)
+        .set_scheduler(None)
+        .set_exec_cpu_affinity(None);
+
+    let mut namespaces: Vec<LinuxNamespaceType> = vec![
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Ipc,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Cgroup,
+    ];
+    if input.network == Network::None {
+        namespaces.push(LinuxNamespaceType::Network);
+    }
+    let mut uid_mappings = None;
+    let mut gid_mappings = None;
+    if let Some(map) = input.idmap {
+        namespaces.push(LinuxNamespaceType::User);
+        let mapping = |host_id: u32| -> LinuxIdMapping {
+            LinuxIdMappingBuilder::default()
+                .container_id(0u32)
+                .host_id(host_id)
+                .size(map.count)
+                .build()
+                .expect("every field of the id mapping is set")
+        };
+        uid_mappings = Some(vec![mapping(map.uid)]);
+        gid_mappings = Some(vec![mapping(map.gid)]);
+    }
+    let namespaces = namespaces
+        .into_iter()
+        .map(|typ| {
+            let mut ns = LinuxNamespace::default();
+            ns.set_typ(typ).set_path(None);
+            ns
         })
         .collect();
-    if input.network == Network::None {
-        namespaces.push(Namespace {
-            kind: "network".into(),
-        });
-    }
-    let mut uid_mappings = Vec::new();
-    let mut gid_mappings = Vec::new();
-    if let Some(map) = input.idmap {
-        namespaces.push(Namespace {
-            kind: "user".into(),
-        });
-        uid_mappings.push(IdMapping {
-            container_id: 0,
-            host_id: map.uid,
-            size: map.count,
-        });
-        gid_mappings.push(IdMapping {
-            container_id: 0,
-            host_id: map.gid,
-            size: map.count,
-        });
-    }
-    Spec {
-        oci_version: OCI_VERSION.into(),
-        process: Process {
-            terminal: input.terminal,
-            user: input.user.clone(),
-            args: input.args.clone(),
-            env: input.env.clone(),
-            cwd: input.cwd.clone(),
-            capabilities: Capabilities {
-                bounding: caps,
-                effective: live.clone(),
-                inheritable: Vec::new(),
-                permitted: live,
-                ambient: Vec::new(),
-            },
-            rlimits: vec![Rlimit {
-                kind: "RLIMIT_NOFILE".into(),
-                hard: input.nofile,
-                soft: input.nofile,
-            }],
-            no_new_privileges: false,
-        },
-        root: Root {
-            path: "rootfs".into(),
-            readonly: input.readonly_root,
-        },
-        hostname: input.hostname.clone(),
-        mounts: default_mounts(input),
-        linux: Linux {
-            namespaces,
-            uid_mappings,
-            gid_mappings,
-            cgroups_path: input.cgroups_path.clone(),
-            resources: input.resources.clone(),
-            masked_paths: MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
-            readonly_paths: READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
-        },
+
+    let mut linux = Linux::default();
+    linux
+        .set_uid_mappings(uid_mappings)
+        .set_gid_mappings(gid_mappings)
+        .set_sysctl(None)
+        .set_resources(input.resources.clone())
+        .set_cgroups_path(input.cgroups_path.as_ref().map(PathBuf::from))
+        .set_namespaces(Some(namespaces))
+        .set_devices(None)
+        .set_rootfs_propagation(None)
+        .set_masked_paths(Some(MASKED_PATHS.iter().map(|s| s.to_string()).collect()))
+        .set_readonly_paths(Some(READONLY_PATHS.iter().map(|s| s.to_string()).collect()))
+        .set_mount_label(None)
+        .set_seccomp(None)
+        .set_intel_rdt(None)
+        .set_personality(None)
+        .set_time_offsets(None)
+        .set_net_devices(None)
+        .set_memory_policy(None);
+
+    let mut root = Root::default();
+    root.set_path(PathBuf::from("rootfs"))
+        .set_readonly(Some(input.readonly_root));
+
+    let mut spec = Spec::default();
+    spec.set_version(OCI_VERSION.to_string())
+        .set_process(Some(process))
+        .set_root(Some(root))
+        .set_hostname(Some(input.hostname.clone()))
+        .set_domainname(None)
+        .set_mounts(Some(
+            default_mounts(input)
+                .into_iter()
+                .map(MountEntry::into_mount)
+                .collect(),
+        ))
+        .set_annotations(None)
+        .set_linux(Some(linux))
+        .set_hooks(None);
+    spec
+}
+
+/// `spec` as the bytes of `config.json`. Capability lists are sets in the
+/// runtime spec and `oci-spec` keeps them in `HashSet`s, whose order varies
+/// from run to run; they are written sorted, so the same container gets
+/// the same file.
+pub fn config_json(spec: &Spec) -> Vec<u8> {
+    let mut value = serde_json::to_value(spec).expect("a runtime spec serialises");
+    sort_capabilities(&mut value);
+    serde_json::to_vec_pretty(&value).expect("a JSON value serialises")
+}
+
+fn sort_capabilities(v: &mut serde_json::Value) {
+    if let Some(serde_json::Value::Object(caps)) = v.pointer_mut("/process/capabilities") {
+        for list in caps.values_mut() {
+            if let serde_json::Value::Array(a) = list {
+                a.sort_by(|x, y| x.as_str().cmp(&y.as_str()));
+            }
+        }
     }
 }
 
-fn mount(dest: &str, kind: &str, source: &str, options: &[&str]) -> Mount {
-    Mount {
+/// A mount as [`default_mounts`] lists it, before it is a runtime-spec
+/// [`Mount`] (whose options are easier to add to here).
+struct MountEntry {
+    destination: String,
+    kind: String,
+    source: String,
+    options: Vec<String>,
+}
+
+impl MountEntry {
+    fn into_mount(self) -> Mount {
+        let mut m = Mount::default();
+        m.set_destination(PathBuf::from(self.destination))
+            .set_typ(Some(self.kind))
+            .set_source(Some(PathBuf::from(self.source)))
+            .set_options(Some(self.options).filter(|o| !o.is_empty()))
+            .set_uid_mappings(None)
+            .set_gid_mappings(None);
+        m
+    }
+}
+
+fn mount(dest: &str, kind: &str, source: &str, options: &[&str]) -> MountEntry {
+    MountEntry {
         destination: dest.into(),
         kind: kind.into(),
         source: source.into(),
@@ -348,7 +331,7 @@ fn mount(dest: &str, kind: &str, source: &str, options: &[&str]) -> Mount {
     }
 }
 
-fn default_mounts(input: &SpecInput) -> Vec<Mount> {
+fn default_mounts(input: &SpecInput) -> Vec<MountEntry> {
     let mut mounts = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
         mount(
@@ -427,28 +410,32 @@ fn default_mounts(input: &SpecInput) -> Vec<Mount> {
 }
 
 /// The resources section for a runtime that applies limits itself.
-pub fn resources_for(limits: &Limits, device_rules: bool) -> Option<Resources> {
+pub fn resources_for(limits: &Limits, device_rules: bool) -> Option<LinuxResources> {
     if limits.is_empty() && !device_rules {
         return None;
     }
-    Some(Resources {
-        devices: if device_rules {
-            vec![DeviceRule {
-                allow: false,
-                access: "rwm".into(),
-            }]
-        } else {
-            Vec::new()
-        },
-        memory: limits.memory.map(|m| MemoryLimit {
-            limit: i64::try_from(m).unwrap_or(i64::MAX),
-        }),
-        cpu: limits.cpu_quota_us().map(|quota| CpuLimit {
-            quota,
-            period: CPU_PERIOD_US,
-        }),
-        pids: limits.pids.map(|limit| PidsLimit { limit }),
-    })
+    let mut r = LinuxResources::default();
+    if device_rules {
+        let mut deny_all = LinuxDeviceCgroup::default();
+        deny_all.set_allow(false).set_access(Some("rwm".into()));
+        r.set_devices(Some(vec![deny_all]));
+    }
+    if let Some(m) = limits.memory {
+        let mut memory = LinuxMemory::default();
+        memory.set_limit(Some(i64::try_from(m).unwrap_or(i64::MAX)));
+        r.set_memory(Some(memory));
+    }
+    if let Some(quota) = limits.cpu_quota_us() {
+        let mut cpu = LinuxCpu::default();
+        cpu.set_quota(Some(quota)).set_period(Some(CPU_PERIOD_US));
+        r.set_cpu(Some(cpu));
+    }
+    if let Some(limit) = limits.pids {
+        let mut pids = LinuxPids::default();
+        pids.set_limit(limit);
+        r.set_pids(Some(pids));
+    }
+    Some(r)
 }
 
 /// Merges environment lists: later entries replace earlier ones with the
@@ -474,6 +461,8 @@ pub fn merge_env<'a>(layers: impl IntoIterator<Item = &'a str>) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     fn input() -> SpecInput {
@@ -495,25 +484,138 @@ mod tests {
         }
     }
 
+    /// The config.json [`config_json`] writes for `i`, as JSON.
+    fn json(i: &SpecInput) -> Value {
+        serde_json::from_slice(&config_json(&build_spec(i))).unwrap()
+    }
+
+    fn strings(v: &Value) -> Vec<&str> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect()
+    }
+
+    /// The config.json of representative containers is what cairn wrote
+    /// when its runtime-spec types were its own structs (the files in
+    /// `testdata/` are that output): same fields, same values. The only
+    /// difference is the order of capabilities, now sorted (see
+    /// [`config_json`]), which the runtime spec and crun treat as sets.
+    #[test]
+    fn config_json_is_unchanged() {
+        let root = SpecInput {
+            args: vec!["/bin/sh".into(), "-c".into(), "echo hi".into()],
+            env: vec![format!("PATH={DEFAULT_PATH}"), "HOME=/root".into()],
+            hostname: "c0ffee".into(),
+            etc_files: vec![
+                ("/etc/hosts".into(), "/b/hosts".into()),
+                ("/etc/resolv.conf".into(), "/b/resolv.conf".into()),
+            ],
+            ..input()
+        };
+        let user = SpecInput {
+            args: vec!["/srv/app".into(), "--port=80".into()],
+            env: vec!["PATH=/bin".into(), "TERM=xterm".into()],
+            cwd: "/srv".into(),
+            user: User {
+                uid: 1000,
+                gid: 100,
+                additional_gids: vec![10, 50],
+            },
+            terminal: true,
+            hostname: "web".into(),
+            readonly_root: true,
+            network: Network::Host,
+            volumes: vec![
+                Volume {
+                    host: "/data".into(),
+                    container: "/mnt/data".into(),
+                    readonly: true,
+                },
+                Volume {
+                    host: "/cache".into(),
+                    container: "/cache".into(),
+                    readonly: false,
+                },
+            ],
+            etc_files: vec![
+                ("/etc/hosts".into(), "/b/hosts".into()),
+                ("/etc/hostname".into(), "/b/hostname".into()),
+            ],
+            idmap: Some(cairn_mount::IdMap {
+                uid: 100_000,
+                gid: 200_000,
+                count: 65_536,
+            }),
+            cgroups_path: Some("/cairn/web".into()),
+            resources: resources_for(
+                &Limits {
+                    memory: Some(256 << 20),
+                    cpus: Some(0.5),
+                    pids: Some(64),
+                },
+                true,
+            ),
+            nofile: 524_288,
+        };
+        let one_id = SpecInput {
+            idmap: Some(cairn_mount::IdMap {
+                uid: 300_000,
+                gid: 300_000,
+                count: 1,
+            }),
+            resources: resources_for(&Limits::default(), true),
+            ..root.clone()
+        };
+        for (input, expected) in [
+            (root, include_str!("../testdata/runtime-config-root.json")),
+            (
+                user,
+                include_str!("../testdata/runtime-config-user-userns-limits.json"),
+            ),
+            (
+                one_id,
+                include_str!("../testdata/runtime-config-userns-one-id.json"),
+            ),
+        ] {
+            let mut expected: Value = serde_json::from_str(expected).unwrap();
+            sort_capabilities(&mut expected);
+            assert_eq!(
+                json(&input),
+                expected,
+                "\n{}",
+                serde_json::to_string_pretty(&json(&input)).unwrap()
+            );
+        }
+    }
+
     #[test]
     fn root_gets_podman_capabilities_and_private_namespaces() {
-        let spec = build_spec(&input());
-        assert_eq!(spec.process.capabilities.effective.len(), 11);
-        assert!(spec.process.capabilities.ambient.is_empty());
-        let ns: Vec<&str> = spec
-            .linux
-            .namespaces
+        let spec = json(&input());
+        assert_eq!(
+            strings(&spec["process"]["capabilities"]["effective"]).len(),
+            11
+        );
+        assert!(strings(&spec["process"]["capabilities"]["ambient"]).is_empty());
+        let ns: Vec<&str> = spec["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
             .iter()
-            .map(|n| n.kind.as_str())
+            .map(|n| n["type"].as_str().unwrap())
             .collect();
         assert_eq!(ns, ["pid", "ipc", "uts", "mount", "cgroup", "network"]);
-        assert!(spec.linux.uid_mappings.is_empty());
-        let json = serde_json::to_value(&spec).unwrap();
-        assert_eq!(json["ociVersion"], "1.0.2");
-        assert_eq!(json["process"]["noNewPrivileges"], false);
-        assert_eq!(json["process"]["rlimits"][0]["type"], "RLIMIT_NOFILE");
-        assert!(json["linux"].get("resources").is_none());
-        let dests: Vec<&str> = spec.mounts.iter().map(|m| m.destination.as_str()).collect();
+        assert!(spec["linux"].get("uidMappings").is_none());
+        assert_eq!(spec["ociVersion"], "1.0.2");
+        assert_eq!(spec["process"]["noNewPrivileges"], false);
+        assert_eq!(spec["process"]["rlimits"][0]["type"], "RLIMIT_NOFILE");
+        assert!(spec["linux"].get("resources").is_none());
+        let dests: Vec<&str> = spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
         assert_eq!(
             dests,
             [
@@ -537,9 +639,13 @@ mod tests {
             gid: 1000,
             additional_gids: vec![],
         };
-        let spec = build_spec(&i);
-        assert!(spec.process.capabilities.effective.is_empty());
-        assert_eq!(spec.process.capabilities.bounding.len(), 11);
+        let spec = json(&i);
+        assert!(strings(&spec["process"]["capabilities"]["effective"]).is_empty());
+        assert_eq!(
+            strings(&spec["process"]["capabilities"]["bounding"]).len(),
+            11
+        );
+        assert!(spec["process"]["user"].get("additionalGids").is_none());
     }
 
     #[test]
@@ -551,19 +657,20 @@ mod tests {
             count: 65_536,
         });
         i.network = Network::Host;
-        let spec = build_spec(&i);
-        let json = serde_json::to_value(&spec).unwrap();
+        let json = json(&i);
         assert_eq!(json["linux"]["uidMappings"][0]["hostID"], 100_000);
         assert_eq!(json["linux"]["gidMappings"][0]["containerID"], 0);
         assert_eq!(json["linux"]["uidMappings"][0]["size"], 65_536);
-        assert!(spec.linux.namespaces.iter().any(|n| n.kind == "user"));
-        assert!(!spec.linux.namespaces.iter().any(|n| n.kind == "network"));
-        let sys = spec
-            .mounts
+        let ns = json["linux"]["namespaces"].as_array().unwrap();
+        assert!(ns.iter().any(|n| n["type"] == "user"));
+        assert!(!ns.iter().any(|n| n["type"] == "network"));
+        let sys = json["mounts"]
+            .as_array()
+            .unwrap()
             .iter()
-            .find(|m| m.destination == "/sys")
+            .find(|m| m["destination"] == "/sys")
             .unwrap();
-        assert_eq!(sys.kind, "bind");
+        assert_eq!(sys["type"], "bind");
     }
 
     #[test]
@@ -575,11 +682,11 @@ mod tests {
             container: "/mnt".into(),
             readonly: true,
         }];
-        let spec = build_spec(&i);
-        assert!(spec.root.readonly);
-        let v = spec.mounts.last().unwrap();
-        assert_eq!(v.destination, "/mnt");
-        assert_eq!(v.options, ["rbind", "rprivate", "ro"]);
+        let json = json(&i);
+        assert_eq!(json["root"]["readonly"], true);
+        let v = json["mounts"].as_array().unwrap().last().unwrap();
+        assert_eq!(v["destination"], "/mnt");
+        assert_eq!(strings(&v["options"]), ["rbind", "rprivate", "ro"]);
     }
 
     #[test]
@@ -590,10 +697,10 @@ mod tests {
             pids: Some(100),
         };
         let r = resources_for(&limits, true).unwrap();
-        assert_eq!(r.memory.unwrap().limit, 64 << 20);
-        assert_eq!(r.cpu.unwrap().quota, 150_000);
-        assert_eq!(r.pids.unwrap().limit, 100);
-        assert_eq!(r.devices.len(), 1);
+        assert_eq!(r.memory().unwrap().limit(), Some(64 << 20));
+        assert_eq!(r.cpu().as_ref().unwrap().quota(), Some(150_000));
+        assert_eq!(r.pids().unwrap().limit(), 100);
+        assert_eq!(r.devices().as_ref().unwrap().len(), 1);
         assert_eq!(resources_for(&Limits::default(), false), None);
     }
 

@@ -62,15 +62,14 @@
 //! `verity` computes digests (pure), `object` publishes objects, `image`
 //! images, `refs` refs, `lock` the store lock, `tmp` owns staging, `kernel`
 //! probes and enables fs-verity, `private` keeps the store's modes,
-//! `sys` holds the crate's only `unsafe`. `digest` is the one parser of
-//! OCI digests from outside, `resolve` turns what a user types into an
-//! image, `graph` reads what keeps what alive, `mounts` finds live mounts,
+//! `sys` holds the crate's only `unsafe`. Digests from outside are
+//! parsed by `cairn_spec::parse_digest` (re-exported here), `resolve`
+//! turns what a user types into an image, `graph` reads what keeps what alive, `mounts` finds live mounts,
 //! and `gc`, `fsck` and `usage` walk that graph to collect garbage, check
 //! and repair, and measure.
 
 #![deny(unsafe_code)]
 
-mod digest;
 mod error;
 mod fsck;
 mod gc;
@@ -95,7 +94,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-pub use digest::{parse_digest, DigestError};
+/// The one parser of OCI digests from outside lives in `cairn-spec`; it is
+/// re-exported here because every caller of the store names digests.
+pub use cairn_spec::{parse_digest, DigestError};
 pub use error::StoreError;
 pub use fsck::{FsckOptions, FsckReport, Problem, Repair};
 pub use gc::{GcOptions, GcReport, Removed};

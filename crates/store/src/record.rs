@@ -158,7 +158,7 @@ pub struct ImageRecord {
 /// Whether `s` is a diff_id as layers are named: `sha256:` and 64 lowercase
 /// hex digits ([`crate::parse_digest`] accepts it).
 pub fn is_diff_id(s: &str) -> bool {
-    crate::digest::parse_digest(s).is_ok()
+    cairn_spec::parse_digest(s).is_ok()
 }
 
 /// The ref name an image name is stored under. Image names hold `/`

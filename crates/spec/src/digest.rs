@@ -19,8 +19,14 @@
 //! name two files. cairn verifies SHA-256 only, so a well-formed `sha512`
 //! digest is refused as unsupported and any other algorithm as
 //! unregistered; either way the message says which. Pure: no I/O.
+//!
+//! [`Digest`] is a string that passed [`parse_digest`], for code that keeps
+//! digests around (the registry client, references) and wants the type to
+//! say they were checked.
 
 use std::fmt;
+
+use sha2::{Digest as _, Sha256};
 
 /// The longest digest string an error message quotes in full.
 const MAX_QUOTED: usize = 100;
@@ -128,9 +134,73 @@ pub fn parse_digest(s: &str) -> Result<&str, DigestError> {
     }
 }
 
+/// A validated `sha256:` digest (lower-case hex): only [`Digest::parse`]
+/// and [`Digest::of`] make one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(String);
+
+impl Digest {
+    /// Parses `sha256:<64 lower-case hex digits>` with [`parse_digest`].
+    pub fn parse(s: &str) -> Result<Digest, DigestError> {
+        parse_digest(s)?;
+        Ok(Digest(s.to_owned()))
+    }
+
+    /// The SHA-256 digest of `data`.
+    pub fn of(data: &[u8]) -> Digest {
+        Digest(sha256_digest(data))
+    }
+
+    /// `sha256:…`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The hex part.
+    pub fn hex(&self) -> &str {
+        &self.0["sha256:".len()..]
+    }
+
+    /// `sha256:` and the first 12 hex digits, for progress lines.
+    pub fn short(&self) -> &str {
+        &self.0[..("sha256:".len() + 12)]
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `sha256:<hex>` of `data`, as a string: how descriptors and diff_ids
+/// name content.
+pub fn sha256_digest(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digest_type_parses_and_computes() {
+        let d = Digest::of(b"");
+        assert_eq!(
+            d.as_str(),
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(Digest::parse(d.as_str()).unwrap(), d);
+        assert_eq!(d.short(), "sha256:e3b0c44298fc");
+        assert_eq!(d.hex().len(), 64);
+        let upper = format!("sha256:{}", d.hex().to_uppercase());
+        assert!(matches!(
+            Digest::parse(&upper),
+            Err(DigestError::Encoding { .. })
+        ));
+        assert!(Digest::parse("sha256:").is_err());
+        assert!(Digest::parse("e3b0").is_err());
+    }
 
     #[test]
     fn sha256_only_lower_case() {
