@@ -1,0 +1,527 @@
+//! The prepare stage: everything up to the point where crun can start a
+//! container (its record, name, user namespace, upper layer, rootfs,
+//! bundle, cgroups and runtime config).
+//!
+//! Every resource [`prepare`] takes is recorded in `state.json` *before*
+//! it is taken, so that [`teardown`], run from the monitor, from a failed
+//! step here or from a reaper after a crash, frees exactly what exists.
+
+use std::fs;
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use cairn_mount::{IdMap, MountOptions, PreparedMount, UpperSpec, VerityMode};
+use cairn_store::{Store, StoreLock};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use serde::{Deserialize, Serialize};
+
+use crate::bundle::{etc_files, new_tmpfs, Bundle};
+use crate::cgroup::{self, Layout};
+use crate::console::ConsoleListener;
+use crate::image_config::{resolve_user, ImageConfig};
+use crate::spec::{self, build_spec, merge_env, Limits, Network, SpecInput, Volume, DEFAULT_PATH};
+use crate::state::{self, Locked, Paths, State, Status, UpperKind, UsernsRange};
+use crate::teardown::{reap_one, teardown, DISK_IMAGE, KEEP_MARKER};
+use crate::userns::{self, Pool};
+use crate::RunError;
+
+/// The default cap of a tmpfs upper: 1 GiB. tmpfs pages are only used
+/// when written, so the cap costs nothing until a container writes; it
+/// keeps a runaway container from eating the host's memory.
+pub const DEFAULT_TMPFS_SIZE: u64 = 1 << 30;
+
+/// `--upper`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UpperChoice {
+    /// A tmpfs of at most `size` bytes (default [`DEFAULT_TMPFS_SIZE`]).
+    Tmpfs { size: Option<u64> },
+    /// A host directory under `<root>/containers/<id>/`.
+    Disk { size: Option<u64> },
+}
+
+impl Default for UpperChoice {
+    fn default() -> Self {
+        UpperChoice::Tmpfs { size: None }
+    }
+}
+
+/// `--userns`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UsernsChoice {
+    /// No user namespace: container root is host root.
+    #[default]
+    Host,
+    /// A range from the pool.
+    Auto,
+    /// This range.
+    Map(IdMap),
+}
+
+/// Everything `cairn run` was asked for.
+#[derive(Debug, Clone, Default)]
+pub struct RunSpec {
+    pub image: String,
+    /// Replaces the image's Cmd when not empty.
+    pub command: Vec<String>,
+    /// `--entrypoint`: replaces the image's Entrypoint (and drops its Cmd).
+    pub entrypoint: Option<Vec<String>>,
+    pub name: Option<String>,
+    /// `KEY=VALUE` entries, already resolved (`-e KEY` from the host env,
+    /// `--env-file`), applied after the image's.
+    pub env: Vec<String>,
+    pub workdir: Option<String>,
+    pub user: Option<String>,
+    pub hostname: Option<String>,
+    pub volumes: Vec<Volume>,
+    pub read_only: bool,
+    pub network: Network,
+    pub limits: Limits,
+    pub upper: UpperChoice,
+    pub keep: bool,
+    pub userns: UsernsChoice,
+    pub interactive: bool,
+    pub tty: bool,
+    pub detach: bool,
+    /// `--rm`: also remove a detached container's record when it exits
+    /// (a foreground container's record always goes).
+    pub remove: bool,
+}
+
+/// A container ready for crun: what the monitor needs.
+pub(crate) struct Prepared {
+    pub locked: Locked,
+    pub state: State,
+    pub mount: PreparedMount,
+    pub bundle: Bundle,
+    pub store_lock: Option<StoreLock>,
+    pub console: Option<ConsoleListener>,
+}
+
+impl Prepared {
+    pub fn dir(&self) -> &Path {
+        &self.locked.dir
+    }
+}
+
+fn has_cap_sys_resource() -> bool {
+    use rustix::thread::{capabilities, CapabilitySet};
+    capabilities(None).is_ok_and(|c| c.effective.contains(CapabilitySet::SYS_RESOURCE))
+}
+
+fn nofile_limit() -> u64 {
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .unwrap_or(1 << 20);
+    if has_cap_sys_resource() {
+        let nr_open = fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(1 << 20);
+        (1u64 << 20).min(nr_open).max(hard.min(nr_open))
+    } else {
+        // Raising it needs CAP_SYS_RESOURCE, which this host's bounding
+        // set may lack: stay within what we have.
+        hard
+    }
+}
+
+fn mount_fd_path(fd: BorrowedFd<'_>, rel: &str) -> Option<OwnedFd> {
+    rustix::fs::openat2(
+        fd,
+        rel.trim_start_matches('/'),
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT,
+    )
+    .ok()
+}
+
+/// Reads a small file of the rootfs, symlinks resolved inside it.
+fn read_in_root(root: BorrowedFd<'_>, rel: &str) -> Option<String> {
+    let fd = mount_fd_path(root, rel)?;
+    let mut s = String::new();
+    fs::File::from(fd)
+        .take(4 << 20)
+        .read_to_string(&mut s)
+        .ok()?;
+    Some(s)
+}
+
+/// Creates `path` (absolute, in the container) in the rootfs if missing.
+fn ensure_dir_in_root(root: BorrowedFd<'_>, path: &str) -> Result<(), RunError> {
+    let mut prefix = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        if part == ".." {
+            return Err(RunError::Invalid(format!(
+                "working directory {path:?} has '..'"
+            )));
+        }
+        let parent = if prefix.is_empty() {
+            ".".to_string()
+        } else {
+            prefix.clone()
+        };
+        prefix = if prefix.is_empty() {
+            part.to_string()
+        } else {
+            format!("{prefix}/{part}")
+        };
+        if mount_fd_path(root, &prefix).is_some() {
+            continue;
+        }
+        let dirfd = rustix::fs::openat2(
+            root,
+            parent.as_str(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT,
+        )
+        .map_err(|e| RunError::Invalid(format!("working directory {path:?}: {e}")))?;
+        match rustix::fs::mkdirat(&dirfd, part, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => {
+                return Err(RunError::Invalid(format!(
+                    "creating working directory {path:?}: {e}"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Mounts a host tmpfs (for a kept tmpfs upper) at `target`.
+fn mount_host_tmpfs(target: &Path, size: u64) -> Result<(), RunError> {
+    use rustix::mount::{move_mount, MoveMountFlags};
+    let run = || -> rustix::io::Result<()> {
+        let m = new_tmpfs(size)?;
+        move_mount(
+            &m,
+            "",
+            rustix::fs::CWD,
+            target,
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    fs::create_dir_all(target).map_err(|e| RunError::io("creating", target, e))?;
+    run().map_err(|e| RunError::io("mounting a tmpfs upper at", target, e.into()))
+}
+
+/// Sets the container up to the point where crun can run it. On error,
+/// everything taken so far is released.
+pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunError> {
+    if let UpperChoice::Disk { size: Some(size) } = spec.upper {
+        if size < cairn_mount::MIN_DISK_UPPER {
+            return Err(RunError::Invalid(format!(
+                "--upper disk:SIZE: at least {} MiB",
+                cairn_mount::MIN_DISK_UPPER >> 20
+            )));
+        }
+    }
+    if let Some(name) = &spec.name {
+        state::validate_name(name)?;
+    }
+    let store = Store::open(paths.root())?;
+    // A store made wider (or by an older cairn) is private again from its
+    // first container on; the run root is made private with the record.
+    store.make_private_or_warn();
+    // Held until crun has attached the rootfs (and so shows it in a mount
+    // table, where gc looks): gc cannot remove the image in between.
+    let store_lock = store.lock_shared()?;
+    let resolved = store.resolve_image(&spec.image)?;
+    let Some(digest) = resolved.digest.clone() else {
+        return Err(RunError::Invalid(format!(
+            "{} is an image file, not an image in the store at {} (add it with `cairn mkfs --store` or `cairn import`)",
+            spec.image,
+            paths.root().display()
+        )));
+    };
+    let config = match store.image_record(&digest)? {
+        Some(rec) => ImageConfig::parse(&rec.config).map_err(RunError::Invalid)?,
+        None => ImageConfig::fallback(),
+    };
+    let args = config.args(spec.entrypoint.as_deref(), &spec.command);
+    if args.is_empty() {
+        return Err(RunError::Invalid(format!(
+            "no command given and image {} has neither Entrypoint nor Cmd",
+            spec.image
+        )));
+    }
+
+    let id = state::new_id();
+    let name = spec.name.clone().unwrap_or_else(|| id[..12].to_string());
+    let layout = cgroup::detect();
+    // Planned (not made) now, so that the first state write records them.
+    let cgroups = cgroup::plan(&id, layout, &spec.limits)
+        .map_err(|e| RunError::io("setting up cgroups for", paths.container(&id), e))?;
+    let locked = state::create_dir(paths, &id)?;
+    let dir = locked.dir.clone();
+    let data = paths.data_dir(&id);
+    let mut st = State {
+        id: id.clone(),
+        name: name.clone(),
+        image: spec.image.clone(),
+        image_digest: digest.clone(),
+        command: args.clone(),
+        created: state::now(),
+        status: Status::Creating,
+        pid: None,
+        monitor_pid: None,
+        exit_code: None,
+        finished: None,
+        upper: match spec.upper {
+            UpperChoice::Tmpfs { size } => UpperKind::Tmpfs {
+                size: size.unwrap_or(DEFAULT_TMPFS_SIZE),
+            },
+            UpperChoice::Disk { size } => UpperKind::Disk { size },
+        },
+        keep: spec.keep,
+        kept_upper: None,
+        remove: !spec.keep && (!spec.detach || spec.remove),
+        detached: spec.detach,
+        tty: spec.tty,
+        userns: None,
+        log_path: spec.detach.then(|| data.join("ctr.log")),
+        stop_signal: config
+            .stop_signal
+            .clone()
+            .unwrap_or_else(|| "SIGTERM".into()),
+        cgroups: Some(cgroups.clone()),
+        limits: spec.limits,
+    };
+    // A failure from here on tears down what the state records; a crash
+    // leaves it for the reaper.
+    let fail = |st: &State, e: RunError| -> RunError {
+        let mut st = st.clone();
+        st.remove = true;
+        for p in teardown(paths, &mut st) {
+            tracing::warn!("{p}");
+        }
+        e
+    };
+    state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
+    // On disk, after the record that makes the reaper remove it: what a
+    // container keeps or writes for later (only some have any).
+    if spec.detach || spec.keep || matches!(spec.upper, UpperChoice::Disk { .. }) {
+        paths.create_data_dir(&id).map_err(|e| fail(&st, e))?;
+        if spec.keep {
+            let marker = data.join(KEEP_MARKER);
+            state::write_private(&marker, format!("{}\n", st.name).as_bytes())
+                .map_err(|e| fail(&st, RunError::io("writing", &marker, e)))?;
+        }
+    }
+    // A default name is the id's first 12 digits, which `lookup` finds as
+    // an id prefix: only a chosen name needs a claim (on this store's disk
+    // a claim is a block allocated and discarded per container).
+    if spec.name.is_some() {
+        if let Err(e) = claim_name_reaping(paths, &name, &id) {
+            // Not ours: don't release the name at teardown.
+            st.name = String::new();
+            return Err(fail(&st, e));
+        }
+    }
+
+    let idmap = match spec.userns {
+        UsernsChoice::Host => None,
+        UsernsChoice::Map(m) => {
+            m.validate().map_err(|e| fail(&st, RunError::Invalid(e)))?;
+            st.userns = Some(UsernsRange {
+                uid: m.uid,
+                gid: m.gid,
+                count: m.count,
+                slot: None,
+            });
+            Some(m)
+        }
+        UsernsChoice::Auto => {
+            let pool = Pool::load(paths).map_err(|e| fail(&st, e))?;
+            let r = userns::allocate(paths, &pool, &id).map_err(|e| fail(&st, e))?;
+            st.userns = Some(r);
+            state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
+            Some(IdMap {
+                uid: r.uid,
+                gid: r.gid,
+                count: r.count,
+            })
+        }
+    };
+
+    let upper = match (spec.upper, spec.keep) {
+        (UpperChoice::Tmpfs { size }, false) => UpperSpec::Tmpfs {
+            size: Some(size.unwrap_or(DEFAULT_TMPFS_SIZE)),
+        },
+        (UpperChoice::Tmpfs { size }, true) => {
+            let at = data.join("upperfs");
+            st.kept_upper = Some(at.join("upper"));
+            state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
+            mount_host_tmpfs(&at, size.unwrap_or(DEFAULT_TMPFS_SIZE)).map_err(|e| fail(&st, e))?;
+            UpperSpec::Dir(at)
+        }
+        (UpperChoice::Disk { size: None }, keep) => {
+            if keep {
+                st.kept_upper = Some(data.join("upper"));
+            }
+            UpperSpec::Dir(data.clone())
+        }
+        (UpperChoice::Disk { size: Some(size) }, keep) => {
+            // Its own filesystem of that size (see cairn_mount::disk),
+            // mounted on the host like a kept tmpfs upper.
+            let at = data.join("upperfs");
+            if keep {
+                st.kept_upper = Some(at.join("upper"));
+            }
+            state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
+            cairn_mount::mount_sized_upper(&data.join(DISK_IMAGE), size, &at)
+                .map_err(|e| fail(&st, e.into()))?;
+            UpperSpec::Dir(at)
+        }
+    };
+    let bundle = Bundle::new(paths).map_err(|e| fail(&st, e))?;
+    let rootfs = bundle.path().join("rootfs");
+    let image = store.image_path(&digest);
+    let objects = store.objects_dir();
+    let mount = cairn_mount::prepare_image(&MountOptions {
+        image: &image,
+        objects: &objects,
+        target: &rootfs,
+        upper,
+        idmap,
+        verity: VerityMode::Off,
+    })
+    .map_err(|e| fail(&st, e.into()))?;
+
+    let root_fd = mount.as_fd();
+    let user_spec = spec
+        .user
+        .clone()
+        .or_else(|| config.user.clone())
+        .unwrap_or_else(|| "0:0".into());
+    let passwd = read_in_root(root_fd, "etc/passwd");
+    let group = read_in_root(root_fd, "etc/group");
+    let user = resolve_user(&user_spec, passwd.as_deref(), group.as_deref())
+        .map_err(|e| fail(&st, RunError::Invalid(format!("--user {user_spec}: {e}"))))?;
+    let cwd = spec
+        .workdir
+        .clone()
+        .or_else(|| config.working_dir.clone())
+        .unwrap_or_else(|| "/".into());
+    if !cwd.starts_with('/') {
+        return Err(fail(
+            &st,
+            RunError::Invalid(format!("the working directory {cwd:?} must be absolute")),
+        ));
+    }
+    ensure_dir_in_root(root_fd, &cwd).map_err(|e| fail(&st, e))?;
+
+    let hostname = spec
+        .hostname
+        .clone()
+        .unwrap_or_else(|| id[..12].to_string());
+    let mut env_layers: Vec<String> = Vec::new();
+    if !config.env.iter().any(|e| e.starts_with("PATH=")) {
+        env_layers.push(format!("PATH={DEFAULT_PATH}"));
+    }
+    env_layers.extend(config.env.iter().cloned());
+    env_layers.push(format!("HOSTNAME={hostname}"));
+    env_layers.push("container=cairn".into());
+    if spec.tty {
+        env_layers.push("TERM=xterm".into());
+    }
+    if !config.env.iter().any(|e| e.starts_with("HOME=")) {
+        env_layers.push(format!(
+            "HOME={}",
+            user.home.clone().unwrap_or_else(|| "/".into())
+        ));
+    }
+    env_layers.extend(spec.env.iter().cloned());
+    let env = merge_env(env_layers.iter().map(String::as_str));
+
+    let etc = etc_files(&bundle, spec.network, &hostname).map_err(|e| fail(&st, e))?;
+    for v in &spec.volumes {
+        if !Path::new(&v.host).exists() {
+            return Err(fail(
+                &st,
+                RunError::Invalid(format!(
+                    "-v {}: no such file or directory on the host",
+                    v.host
+                )),
+            ));
+        }
+    }
+
+    // The groups were recorded in the first state write, before this, so
+    // a crash in between leaves them to the reaper.
+    let cg = cgroups;
+    cgroup::make(&cg, &spec.limits)
+        .map_err(|e| fail(&st, RunError::io("setting up cgroups for", &dir, e)))?;
+    let resources = match layout {
+        Layout::Hybrid => None,
+        Layout::Legacy => spec::resources_for(&spec.limits, true),
+        Layout::Unified => spec::resources_for(&spec.limits, has_cap_sys_resource()),
+    };
+
+    let oci = build_spec(&SpecInput {
+        args,
+        env,
+        cwd,
+        user: spec::User {
+            uid: user.uid,
+            gid: user.gid,
+            additional_gids: user.additional_gids,
+        },
+        terminal: spec.tty,
+        hostname,
+        readonly_root: spec.read_only,
+        network: spec.network,
+        volumes: spec.volumes.clone(),
+        etc_files: etc,
+        idmap,
+        cgroups_path: cg.crun_path.clone(),
+        resources,
+        nofile: nofile_limit(),
+    });
+    let json = serde_json::to_vec_pretty(&oci).expect("spec serializes");
+    bundle
+        .write("config.json", &json)
+        .map_err(|e| fail(&st, e))?;
+
+    let console = if spec.tty {
+        // In the bundle, where crun runs: crun gets a relative path.
+        Some(
+            ConsoleListener::bind_in(bundle.as_fd(), bundle.path(), "console.sock").map_err(
+                |e| {
+                    fail(
+                        &st,
+                        RunError::io("listening on", bundle.path().join("console.sock"), e),
+                    )
+                },
+            )?,
+        )
+    } else {
+        None
+    };
+    Ok(Prepared {
+        locked,
+        state: st,
+        mount,
+        bundle,
+        store_lock: Some(store_lock),
+        console,
+    })
+}
+
+/// Claims `name`; if another container holds it, reaps that one first
+/// (it may be an abandoned one) and tries once more.
+fn claim_name_reaping(paths: &Paths, name: &str, id: &str) -> Result<(), RunError> {
+    match state::claim_name(paths, name, id) {
+        Ok(()) => Ok(()),
+        Err(first) => {
+            if let Ok(owner) = fs::read_link(paths.names().join(name)) {
+                if let Some(owner) = owner.to_str() {
+                    reap_one(paths, owner);
+                }
+            }
+            state::claim_name(paths, name, id).map_err(|_| first)
+        }
+    }
+}
