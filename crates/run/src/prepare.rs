@@ -9,7 +9,7 @@
 use std::fs;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use cairn_mount::{IdMap, MountOptions, PreparedMount, UpperSpec, VerityMode};
 use cairn_store::{Store, StoreLock};
@@ -209,7 +209,48 @@ fn mount_host_tmpfs(target: &Path, size: u64) -> Result<(), RunError> {
 
 /// Sets the container up to the point where crun can run it. On error,
 /// everything taken so far is released.
+///
+/// The steps, in order: check the request, resolve the image, create the
+/// record, give it its data directory and name, a user namespace range,
+/// an upper layer, the rootfs and bundle, the process (user, working
+/// directory, environment), the `/etc` files, cgroups, `config.json` and
+/// a console socket. From the record on, each step records what it takes
+/// before it takes it, and a failed step tears down what is recorded.
 pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunError> {
+    check_request(spec)?;
+    let image = open_image(paths, spec)?;
+    let (locked, mut c) = create_record(paths, spec, &image)?;
+    c.write().map_err(|e| c.fail(e))?;
+    c.data_and_name(spec).map_err(|e| c.fail(e))?;
+    let idmap = c.userns(spec).map_err(|e| c.fail(e))?;
+    let upper = c.upper(spec).map_err(|e| c.fail(e))?;
+    let (bundle, mount) = mount_rootfs(paths, &image, upper, idmap).map_err(|e| c.fail(e))?;
+    let process =
+        resolve_process(spec, &image.config, mount.as_fd(), &c.st.id).map_err(|e| c.fail(e))?;
+    let etc = etc_files(&bundle, spec.network, &process.hostname).map_err(|e| c.fail(e))?;
+    check_volumes(&spec.volumes).map_err(|e| c.fail(e))?;
+    let resources = make_cgroups(&c, spec).map_err(|e| c.fail(e))?;
+    write_config(
+        &bundle, spec, &c.st, image.args, process, etc, idmap, resources,
+    )
+    .map_err(|e| c.fail(e))?;
+    let console = spec
+        .tty
+        .then(|| listen_console(&bundle))
+        .transpose()
+        .map_err(|e| c.fail(e))?;
+    Ok(Prepared {
+        locked,
+        state: c.st,
+        mount,
+        bundle,
+        store_lock: Some(image.store_lock),
+        console,
+    })
+}
+
+/// The checks of `spec` that need nothing but the request itself.
+fn check_request(spec: &RunSpec) -> Result<(), RunError> {
     if let UpperChoice::Disk { size: Some(size) } = spec.upper {
         if size < cairn_mount::MIN_DISK_UPPER {
             return Err(RunError::Invalid(format!(
@@ -221,6 +262,22 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
     if let Some(name) = &spec.name {
         state::validate_name(name)?;
     }
+    Ok(())
+}
+
+/// The image a container runs, resolved in the store, with the shared
+/// store lock that keeps gc away from it.
+struct Image {
+    store: Store,
+    store_lock: StoreLock,
+    digest: String,
+    config: ImageConfig,
+    /// The process's arguments: the image's Entrypoint and Cmd as
+    /// overridden by the request.
+    args: Vec<String>,
+}
+
+fn open_image(paths: &Paths, spec: &RunSpec) -> Result<Image, RunError> {
     let store = Store::open(paths.root())?;
     // A store made wider (or by an older cairn) is private again from its
     // first container on; the run root is made private with the record.
@@ -247,7 +304,142 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
             spec.image
         )));
     }
+    Ok(Image {
+        store,
+        store_lock,
+        digest,
+        config,
+        args,
+    })
+}
 
+/// A container being set up: its record so far, and how to undo it.
+struct InProgress<'a> {
+    paths: &'a Paths,
+    /// `containers/<id>/`, locked by the caller.
+    dir: PathBuf,
+    /// `data/<id>/` (made only for a container that needs it).
+    data: PathBuf,
+    st: State,
+}
+
+impl InProgress<'_> {
+    /// Tears down what the record holds (the record included) and returns
+    /// `e`: what a failed step does. A crash instead leaves it all to the
+    /// reaper.
+    fn fail(&self, e: RunError) -> RunError {
+        let mut st = self.st.clone();
+        st.remove = true;
+        for p in teardown(self.paths, &mut st) {
+            tracing::warn!("{p}");
+        }
+        e
+    }
+
+    /// Writes the record as it is now.
+    fn write(&self) -> Result<(), RunError> {
+        state::write_state(&self.dir, &self.st)
+    }
+
+    /// On disk, after the record that makes the reaper remove it: what a
+    /// container keeps or writes for later (only some have any); then the
+    /// claim of a chosen name.
+    fn data_and_name(&mut self, spec: &RunSpec) -> Result<(), RunError> {
+        if spec.detach || spec.keep || matches!(spec.upper, UpperChoice::Disk { .. }) {
+            self.paths.create_data_dir(&self.st.id)?;
+            if spec.keep {
+                let marker = self.data.join(KEEP_MARKER);
+                state::write_private(&marker, format!("{}\n", self.st.name).as_bytes())
+                    .map_err(|e| RunError::io("writing", &marker, e))?;
+            }
+        }
+        // A default name is the id's first 12 digits, which `lookup` finds
+        // as an id prefix: only a chosen name needs a claim (on this
+        // store's disk a claim is a block allocated and discarded per
+        // container).
+        if spec.name.is_some() {
+            if let Err(e) = claim_name_reaping(self.paths, &self.st.name, &self.st.id) {
+                // Not ours: don't release the name at teardown.
+                self.st.name = String::new();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The user namespace's id range, if any: a pool range is recorded
+    /// before the container uses it.
+    fn userns(&mut self, spec: &RunSpec) -> Result<Option<IdMap>, RunError> {
+        Ok(match spec.userns {
+            UsernsChoice::Host => None,
+            UsernsChoice::Map(m) => {
+                m.validate().map_err(RunError::Invalid)?;
+                self.st.userns = Some(UsernsRange {
+                    uid: m.uid,
+                    gid: m.gid,
+                    count: m.count,
+                    slot: None,
+                });
+                Some(m)
+            }
+            UsernsChoice::Auto => {
+                let pool = Pool::load(self.paths)?;
+                let r = userns::allocate(self.paths, &pool, &self.st.id)?;
+                self.st.userns = Some(r);
+                self.write()?;
+                Some(IdMap {
+                    uid: r.uid,
+                    gid: r.gid,
+                    count: r.count,
+                })
+            }
+        })
+    }
+
+    /// The overlay's upper layer: a tmpfs of the rootfs stack's own, or a
+    /// directory (on the host, or on a filesystem mounted for it, which
+    /// is recorded first).
+    fn upper(&mut self, spec: &RunSpec) -> Result<UpperSpec, RunError> {
+        let data = &self.data;
+        Ok(match (spec.upper, spec.keep) {
+            (UpperChoice::Tmpfs { size }, false) => UpperSpec::Tmpfs {
+                size: Some(size.unwrap_or(DEFAULT_TMPFS_SIZE)),
+            },
+            (UpperChoice::Tmpfs { size }, true) => {
+                let at = data.join("upperfs");
+                self.st.kept_upper = Some(at.join("upper"));
+                self.write()?;
+                mount_host_tmpfs(&at, size.unwrap_or(DEFAULT_TMPFS_SIZE))?;
+                UpperSpec::Dir(at)
+            }
+            (UpperChoice::Disk { size: None }, keep) => {
+                if keep {
+                    self.st.kept_upper = Some(data.join("upper"));
+                }
+                UpperSpec::Dir(data.clone())
+            }
+            (UpperChoice::Disk { size: Some(size) }, keep) => {
+                // Its own filesystem of that size (see cairn_mount::disk),
+                // mounted on the host like a kept tmpfs upper.
+                let at = data.join("upperfs");
+                if keep {
+                    self.st.kept_upper = Some(at.join("upper"));
+                }
+                self.write()?;
+                cairn_mount::mount_sized_upper(&data.join(DISK_IMAGE), size, &at)?;
+                UpperSpec::Dir(at)
+            }
+        })
+    }
+}
+
+/// Picks the id and name, plans the cgroups and creates the record's
+/// directory (locked); the first state is not written yet.
+fn create_record<'a>(
+    paths: &'a Paths,
+    spec: &RunSpec,
+    image: &Image,
+) -> Result<(Locked, InProgress<'a>), RunError> {
     let id = state::new_id();
     let name = spec.name.clone().unwrap_or_else(|| id[..12].to_string());
     let layout = cgroup::detect();
@@ -257,12 +449,12 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
     let locked = state::create_dir(paths, &id)?;
     let dir = locked.dir.clone();
     let data = paths.data_dir(&id);
-    let mut st = State {
+    let st = State {
         id: id.clone(),
-        name: name.clone(),
+        name,
         image: spec.image.clone(),
-        image_digest: digest.clone(),
-        command: args.clone(),
+        image_digest: image.digest.clone(),
+        command: image.args.clone(),
         created: state::now(),
         status: Status::Creating,
         pid: None,
@@ -282,115 +474,64 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         tty: spec.tty,
         userns: None,
         log_path: spec.detach.then(|| data.join("ctr.log")),
-        stop_signal: config
+        stop_signal: image
+            .config
             .stop_signal
             .clone()
             .unwrap_or_else(|| "SIGTERM".into()),
-        cgroups: Some(cgroups.clone()),
+        cgroups: Some(cgroups),
         limits: spec.limits,
     };
-    // A failure from here on tears down what the state records; a crash
-    // leaves it for the reaper.
-    let fail = |st: &State, e: RunError| -> RunError {
-        let mut st = st.clone();
-        st.remove = true;
-        for p in teardown(paths, &mut st) {
-            tracing::warn!("{p}");
-        }
-        e
-    };
-    state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
-    // On disk, after the record that makes the reaper remove it: what a
-    // container keeps or writes for later (only some have any).
-    if spec.detach || spec.keep || matches!(spec.upper, UpperChoice::Disk { .. }) {
-        paths.create_data_dir(&id).map_err(|e| fail(&st, e))?;
-        if spec.keep {
-            let marker = data.join(KEEP_MARKER);
-            state::write_private(&marker, format!("{}\n", st.name).as_bytes())
-                .map_err(|e| fail(&st, RunError::io("writing", &marker, e)))?;
-        }
-    }
-    // A default name is the id's first 12 digits, which `lookup` finds as
-    // an id prefix: only a chosen name needs a claim (on this store's disk
-    // a claim is a block allocated and discarded per container).
-    if spec.name.is_some() {
-        if let Err(e) = claim_name_reaping(paths, &name, &id) {
-            // Not ours: don't release the name at teardown.
-            st.name = String::new();
-            return Err(fail(&st, e));
-        }
-    }
-
-    let idmap = match spec.userns {
-        UsernsChoice::Host => None,
-        UsernsChoice::Map(m) => {
-            m.validate().map_err(|e| fail(&st, RunError::Invalid(e)))?;
-            st.userns = Some(UsernsRange {
-                uid: m.uid,
-                gid: m.gid,
-                count: m.count,
-                slot: None,
-            });
-            Some(m)
-        }
-        UsernsChoice::Auto => {
-            let pool = Pool::load(paths).map_err(|e| fail(&st, e))?;
-            let r = userns::allocate(paths, &pool, &id).map_err(|e| fail(&st, e))?;
-            st.userns = Some(r);
-            state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
-            Some(IdMap {
-                uid: r.uid,
-                gid: r.gid,
-                count: r.count,
-            })
-        }
-    };
-
-    let upper = match (spec.upper, spec.keep) {
-        (UpperChoice::Tmpfs { size }, false) => UpperSpec::Tmpfs {
-            size: Some(size.unwrap_or(DEFAULT_TMPFS_SIZE)),
+    Ok((
+        locked,
+        InProgress {
+            paths,
+            dir,
+            data,
+            st,
         },
-        (UpperChoice::Tmpfs { size }, true) => {
-            let at = data.join("upperfs");
-            st.kept_upper = Some(at.join("upper"));
-            state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
-            mount_host_tmpfs(&at, size.unwrap_or(DEFAULT_TMPFS_SIZE)).map_err(|e| fail(&st, e))?;
-            UpperSpec::Dir(at)
-        }
-        (UpperChoice::Disk { size: None }, keep) => {
-            if keep {
-                st.kept_upper = Some(data.join("upper"));
-            }
-            UpperSpec::Dir(data.clone())
-        }
-        (UpperChoice::Disk { size: Some(size) }, keep) => {
-            // Its own filesystem of that size (see cairn_mount::disk),
-            // mounted on the host like a kept tmpfs upper.
-            let at = data.join("upperfs");
-            if keep {
-                st.kept_upper = Some(at.join("upper"));
-            }
-            state::write_state(&dir, &st).map_err(|e| fail(&st, e))?;
-            cairn_mount::mount_sized_upper(&data.join(DISK_IMAGE), size, &at)
-                .map_err(|e| fail(&st, e.into()))?;
-            UpperSpec::Dir(at)
-        }
-    };
-    let bundle = Bundle::new(paths).map_err(|e| fail(&st, e))?;
+    ))
+}
+
+/// Makes the bundle and the image's rootfs stack with `upper` on top, both
+/// detached (the monitor attaches them in crun's namespace).
+fn mount_rootfs(
+    paths: &Paths,
+    image: &Image,
+    upper: UpperSpec,
+    idmap: Option<IdMap>,
+) -> Result<(Bundle, PreparedMount), RunError> {
+    let bundle = Bundle::new(paths)?;
     let rootfs = bundle.path().join("rootfs");
-    let image = store.image_path(&digest);
-    let objects = store.objects_dir();
+    let image_path = image.store.image_path(&image.digest);
+    let objects = image.store.objects_dir();
     let mount = cairn_mount::prepare_image(&MountOptions {
-        image: &image,
+        image: &image_path,
         objects: &objects,
         target: &rootfs,
         upper,
         idmap,
         verity: VerityMode::Off,
-    })
-    .map_err(|e| fail(&st, e.into()))?;
+    })?;
+    Ok((bundle, mount))
+}
 
-    let root_fd = mount.as_fd();
+/// The container's process as the rootfs and the request make it.
+struct Process {
+    user: crate::image_config::ResolvedUser,
+    cwd: String,
+    env: Vec<String>,
+    hostname: String,
+}
+
+/// Resolves the user (in the rootfs's `/etc/passwd` and `/etc/group`),
+/// the working directory (made if missing) and the environment.
+fn resolve_process(
+    spec: &RunSpec,
+    config: &ImageConfig,
+    root_fd: BorrowedFd<'_>,
+    id: &str,
+) -> Result<Process, RunError> {
     let user_spec = spec
         .user
         .clone()
@@ -399,19 +540,18 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
     let passwd = read_in_root(root_fd, "etc/passwd");
     let group = read_in_root(root_fd, "etc/group");
     let user = resolve_user(&user_spec, passwd.as_deref(), group.as_deref())
-        .map_err(|e| fail(&st, RunError::Invalid(format!("--user {user_spec}: {e}"))))?;
+        .map_err(|e| RunError::Invalid(format!("--user {user_spec}: {e}")))?;
     let cwd = spec
         .workdir
         .clone()
         .or_else(|| config.working_dir.clone())
         .unwrap_or_else(|| "/".into());
     if !cwd.starts_with('/') {
-        return Err(fail(
-            &st,
-            RunError::Invalid(format!("the working directory {cwd:?} must be absolute")),
-        ));
+        return Err(RunError::Invalid(format!(
+            "the working directory {cwd:?} must be absolute"
+        )));
     }
-    ensure_dir_in_root(root_fd, &cwd).map_err(|e| fail(&st, e))?;
+    ensure_dir_in_root(root_fd, &cwd)?;
 
     let hostname = spec
         .hostname
@@ -435,31 +575,61 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
     }
     env_layers.extend(spec.env.iter().cloned());
     let env = merge_env(env_layers.iter().map(String::as_str));
+    Ok(Process {
+        user,
+        cwd,
+        env,
+        hostname,
+    })
+}
 
-    let etc = etc_files(&bundle, spec.network, &hostname).map_err(|e| fail(&st, e))?;
-    for v in &spec.volumes {
+/// Every `-v` source must exist on the host (crun's error would not say
+/// which one is missing).
+fn check_volumes(volumes: &[Volume]) -> Result<(), RunError> {
+    for v in volumes {
         if !Path::new(&v.host).exists() {
-            return Err(fail(
-                &st,
-                RunError::Invalid(format!(
-                    "-v {}: no such file or directory on the host",
-                    v.host
-                )),
-            ));
+            return Err(RunError::Invalid(format!(
+                "-v {}: no such file or directory on the host",
+                v.host
+            )));
         }
     }
+    Ok(())
+}
 
-    // The groups were recorded in the first state write, before this, so
-    // a crash in between leaves them to the reaper.
-    let cg = cgroups;
-    cgroup::make(&cg, &spec.limits)
-        .map_err(|e| fail(&st, RunError::io("setting up cgroups for", &dir, e)))?;
-    let resources = match layout {
+/// Makes the container's cgroups; returns the limits crun must set itself
+/// (none on a hybrid host, where cairn's own groups hold them). The groups
+/// were recorded in the first state write, before this, so a crash in
+/// between leaves them to the reaper.
+fn make_cgroups(c: &InProgress<'_>, spec: &RunSpec) -> Result<Option<spec::Resources>, RunError> {
+    let cg = c.st.cgroups.as_ref().expect("planned in create_record");
+    cgroup::make(cg, &spec.limits)
+        .map_err(|e| RunError::io("setting up cgroups for", &c.dir, e))?;
+    Ok(match cg.layout {
         Layout::Hybrid => None,
         Layout::Legacy => spec::resources_for(&spec.limits, true),
         Layout::Unified => spec::resources_for(&spec.limits, has_cap_sys_resource()),
-    };
+    })
+}
 
+/// Builds the OCI runtime config and writes it into the bundle.
+#[allow(clippy::too_many_arguments)]
+fn write_config(
+    bundle: &Bundle,
+    spec: &RunSpec,
+    st: &State,
+    args: Vec<String>,
+    process: Process,
+    etc: Vec<(String, String)>,
+    idmap: Option<IdMap>,
+    resources: Option<spec::Resources>,
+) -> Result<(), RunError> {
+    let Process {
+        user,
+        cwd,
+        env,
+        hostname,
+    } = process;
     let oci = build_spec(&SpecInput {
         args,
         env,
@@ -476,38 +646,20 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         volumes: spec.volumes.clone(),
         etc_files: etc,
         idmap,
-        cgroups_path: cg.crun_path.clone(),
+        cgroups_path: st.cgroups.as_ref().and_then(|c| c.crun_path.clone()),
         resources,
         nofile: nofile_limit(),
     });
     let json = serde_json::to_vec_pretty(&oci).expect("spec serializes");
-    bundle
-        .write("config.json", &json)
-        .map_err(|e| fail(&st, e))?;
+    bundle.write("config.json", &json)?;
+    Ok(())
+}
 
-    let console = if spec.tty {
-        // In the bundle, where crun runs: crun gets a relative path.
-        Some(
-            ConsoleListener::bind_in(bundle.as_fd(), bundle.path(), "console.sock").map_err(
-                |e| {
-                    fail(
-                        &st,
-                        RunError::io("listening on", bundle.path().join("console.sock"), e),
-                    )
-                },
-            )?,
-        )
-    } else {
-        None
-    };
-    Ok(Prepared {
-        locked,
-        state: st,
-        mount,
-        bundle,
-        store_lock: Some(store_lock),
-        console,
-    })
+/// The console socket crun hands the pty master to, in the bundle where
+/// crun runs (crun gets a relative path).
+fn listen_console(bundle: &Bundle) -> Result<ConsoleListener, RunError> {
+    ConsoleListener::bind_in(bundle.as_fd(), bundle.path(), "console.sock")
+        .map_err(|e| RunError::io("listening on", bundle.path().join("console.sock"), e))
 }
 
 /// Claims `name`; if another container holds it, reaps that one first
