@@ -48,7 +48,7 @@
 //! from left to right.
 //!
 //! ```text
-//! listen                      on-demand proxy
+//! listen                      on-demand proxy (record: listen::record)
 //!   │
 //! container   lifecycle       entry points: run / start; ps, stop, exec, rm, logs
 //!   │      ╲      │
