@@ -102,7 +102,7 @@ pub fn command(
     paths: &Paths,
     cg: Option<&Cgroups>,
     join_limits: bool,
-) -> Result<(Command, NsSetup), RunError> {
+) -> Result<(Command, NsSetup<'static>), RunError> {
     let mut cmd = Command::new(crun_binary());
     cmd.args(global_args(paths, cg));
     let mut setup = NsSetup::default();

@@ -20,11 +20,11 @@ use crate::{crun, RunError};
 /// What the monitor runs: `crun run` on the bundle, with `stdio` as its
 /// fds 0, 1 and 2. On a hybrid host crun starts in the container's
 /// cgroup2 view group (`CLONE_INTO_CGROUP`) and joins the v1 limit groups.
-pub(crate) fn crun_run_spawn(
+pub(crate) fn crun_run_spawn<'p>(
     paths: &Paths,
-    p: &Prepared,
+    p: &'p Prepared,
     stdio: [OwnedFd; 3],
-) -> Result<SpawnSpec, RunError> {
+) -> Result<SpawnSpec<'p>, RunError> {
     let dir = p.dir();
     let mut args = vec![OsString::from("crun")];
     args.extend(crun::global_args(paths, p.state.cgroups.as_ref()));
@@ -54,12 +54,9 @@ pub(crate) fn crun_run_spawn(
     let mut setup = NsSetup {
         new_mount_ns: true,
         attach: vec![
+            (p.bundle.as_fd(), crun::cstring(p.bundle.path())?),
             (
-                crate::sys::raw(p.bundle.as_fd()),
-                crun::cstring(p.bundle.path())?,
-            ),
-            (
-                crate::sys::raw(p.mount.as_fd()),
+                p.mount.as_fd(),
                 crun::cstring(&p.bundle.path().join("rootfs"))?,
             ),
         ],
@@ -99,7 +96,7 @@ pub(crate) fn crun_run_spawn(
 
 /// Starts `spec`; where the kernel refuses to start it straight in its
 /// cgroup, starts it and has it join the group instead.
-pub(crate) fn spawn_crun(mut spec: SpawnSpec) -> Result<Spawned, RunError> {
+pub(crate) fn spawn_crun(mut spec: SpawnSpec<'_>) -> Result<Spawned, RunError> {
     let bundle = String::from_utf8_lossy(spec.cwd.as_bytes()).into_owned();
     let failed = |e: SpawnError| {
         RunError::Crun(format!(

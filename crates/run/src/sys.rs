@@ -26,9 +26,11 @@ use rustix::mount::{MountFlags, MountPropagationFlags, MoveMountFlags};
 use rustix::thread::UnshareFlags;
 
 /// What the child does before it becomes crun. Built by the parent, so
-/// the child only makes system calls.
+/// the child only makes system calls. The mounts to attach are borrowed:
+/// they stay open at least as long as the setup, hence until the child
+/// has used them.
 #[derive(Debug, Default)]
-pub struct NsSetup {
+pub struct NsSetup<'fd> {
     /// `cgroup.procs` files to write `0` (this process) into, in order.
     pub join: Vec<CString>,
     /// Unshare the cgroup namespace too and mount cgroup2 on
@@ -37,12 +39,12 @@ pub struct NsSetup {
     /// Detached mounts (the container's bundle tmpfs, then its rootfs
     /// inside it) and where to attach them inside the new mount namespace,
     /// in this order.
-    pub attach: Vec<(RawFd, CString)>,
+    pub attach: Vec<(BorrowedFd<'fd>, CString)>,
     /// Whether to make a new mount namespace at all.
     pub new_mount_ns: bool,
 }
 
-impl NsSetup {
+impl NsSetup<'_> {
     /// Does the setup in the current process: join the cgroups, enter the
     /// namespaces, mount, attach the rootfs. Only system calls on data
     /// prepared earlier: safe between fork and exec.
@@ -79,10 +81,10 @@ impl NsSetup {
                 None,
             )?;
         }
-        for (fd, target) in &self.attach {
-            // SAFETY: the parent keeps these fds open until the child has
-            // exec'd, and the child is a copy of it, so the fd is valid here.
-            let mount = unsafe { BorrowedFd::borrow_raw(*fd) };
+        for (mount, target) in &self.attach {
+            // The child's fd table is a copy of the parent's (no
+            // CLONE_FILES), in which the borrow keeps the fd open: the same
+            // number names the mount here.
             rustix::mount::move_mount(
                 mount,
                 c"",
@@ -93,9 +95,12 @@ impl NsSetup {
         }
         Ok(())
     }
+}
 
-    /// Installs the setup as a `pre_exec` hook on `cmd`. The fds in
-    /// `attach` must stay open until `cmd` has been spawned.
+impl NsSetup<'static> {
+    /// Installs the setup as a `pre_exec` hook on `cmd`. Only a setup
+    /// whose borrowed fds live forever can be moved into the hook, which
+    /// `Command` keeps for as long as it likes.
     pub fn install(self, cmd: &mut Command) {
         let setup = self;
         let hook = move || -> io::Result<()> { Ok(setup.apply()?) };
@@ -120,7 +125,7 @@ pub enum Program {
 /// A process for [`spawn`]: everything prepared, so that the child only
 /// makes system calls.
 #[derive(Debug)]
-pub struct SpawnSpec {
+pub struct SpawnSpec<'fd> {
     pub program: Program,
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
@@ -133,7 +138,7 @@ pub struct SpawnSpec {
     /// land on every container start. With the group's `cgroup.procs`, for
     /// kernels that refuse that.
     pub cgroup: Option<(OwnedFd, CString)>,
-    pub setup: NsSetup,
+    pub setup: NsSetup<'fd>,
 }
 
 /// A started child.
@@ -194,7 +199,7 @@ const STAGES: [&str; 4] = [
 
 /// Starts `spec` with clone3 (a pidfd, optionally straight into a cgroup)
 /// and returns once the child has exec'd, or with why it could not.
-pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
     let argv = null_terminated(&spec.argv);
     let envp = null_terminated(&spec.envp);
     let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
@@ -253,7 +258,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
 
 /// What the child of [`spawn`] needs, in the parent's memory.
 struct ChildArgs<'a> {
-    spec: &'a SpawnSpec,
+    spec: &'a SpawnSpec<'a>,
     argv: &'a [*const libc::c_char],
     envp: &'a [*const libc::c_char],
     err_w: RawFd,
@@ -373,7 +378,7 @@ fn child_fail(err_w: RawFd, stage: u32, errno: i32) -> ! {
 /// It may share the parent's memory (see [`clone_child`]): it writes
 /// nothing but its own stack and errno.
 fn child(
-    spec: &SpawnSpec,
+    spec: &SpawnSpec<'_>,
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
     err_w: RawFd,
@@ -560,11 +565,6 @@ impl AsFd for SignalFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
-}
-
-/// The raw fd of a borrowed fd, for [`NsSetup::attach`].
-pub fn raw(fd: BorrowedFd<'_>) -> RawFd {
-    fd.as_raw_fd()
 }
 
 /// Ends the process with `code` once stdout and stderr are flushed, without
