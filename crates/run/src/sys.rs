@@ -8,7 +8,9 @@
 //!   or in [`spawn`].
 //! - [`spawn`]: clone3 with a pidfd and `CLONE_INTO_CGROUP`, then exec by
 //!   path or by fd (`fexecve`); what std's `Command` cannot do.
-//! - [`fork_monitor`]: the double fork that makes a container's monitor.
+//! - [`fork_monitor`], [`fork_child_monitor`]: the forks that make a
+//!   container's monitor (or a listener's proxy), after checking that the
+//!   process has a single thread.
 //! - [`SignalFd`]: signals blocked and read from a `signalfd`.
 //!
 //! Everything else in the crate is `#![forbid(unsafe_code)]`-clean; this
@@ -436,11 +438,41 @@ pub enum Forked {
     Monitor,
 }
 
-/// Double fork with `setsid` in between. The caller must be
-/// single-threaded (the monitor goes on running Rust code after `fork`).
+/// Fails unless this process has exactly one thread, which a fork whose
+/// child goes on running ordinary Rust code needs: a lock that another
+/// thread held at the moment of the fork (the allocator's, stdout's) would
+/// stay held forever in the child. Only this thread could start another,
+/// so the answer holds until it does.
+fn ensure_single_threaded() -> io::Result<()> {
+    let stat = std::fs::read("/proc/self/stat")?;
+    // num_threads is field 20; fields are counted after the command name,
+    // which is in parentheses and may itself hold spaces or parentheses.
+    let after_comm = stat
+        .iter()
+        .rposition(|&b| b == b')')
+        .map_or(&[][..], |i| &stat[i + 1..]);
+    let threads = std::str::from_utf8(after_comm)
+        .ok()
+        .and_then(|s| s.split_ascii_whitespace().nth(17))
+        .and_then(|n| n.parse::<u64>().ok());
+    match threads {
+        Some(1) => Ok(()),
+        Some(n) => Err(io::Error::other(format!(
+            "forking a monitor needs a single-threaded process; this one has {n} threads"
+        ))),
+        None => Err(io::Error::other(
+            "unreadable thread count in /proc/self/stat",
+        )),
+    }
+}
+
+/// Double fork with `setsid` in between. Fails if the caller has more
+/// than one thread (the monitor goes on running Rust code after `fork`).
 pub fn fork_monitor() -> io::Result<Forked> {
-    // SAFETY: fork in a single-threaded process (documented requirement of
-    // this function); both sides continue with ordinary code.
+    ensure_single_threaded()?;
+    // SAFETY: fork in a process just found single-threaded; both sides
+    // continue with ordinary code, which is sound in the child as no lock
+    // can be held by a thread that the child lacks.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -481,10 +513,11 @@ pub fn fork_monitor() -> io::Result<Forked> {
 /// and one fork less on the way to the container's start. The monitor is
 /// a session leader and so must never open a terminal device (it receives
 /// a console's fd over a socket, which gives no controlling terminal).
-/// The caller must be single-threaded, as for [`fork_monitor`].
+/// Fails if the caller has more than one thread, as [`fork_monitor`].
 pub fn fork_child_monitor() -> io::Result<Forked> {
-    // SAFETY: fork in a single-threaded process (documented requirement of
-    // this function); both sides continue with ordinary code.
+    ensure_single_threaded()?;
+    // SAFETY: fork in a process just found single-threaded (see
+    // `fork_monitor`); both sides continue with ordinary code.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());

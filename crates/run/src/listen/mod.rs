@@ -157,7 +157,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Starts a listener: binds the socket here (so a busy port is an error
 /// of this call), then forks the proxy and returns once it runs.
-/// The caller must be single-threaded.
+/// Fails if the caller has more than one thread (see `sys::fork_monitor`).
 pub fn start_listener(paths: &Paths, spec: &ListenSpec) -> Result<Listening, RunError> {
     if spec.run.network != Network::Host {
         return Err(RunError::Invalid(
