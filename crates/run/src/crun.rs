@@ -355,6 +355,29 @@ mod tests {
         }
     }
 
+    /// The child starts with no signal blocked and SIGPIPE at its default
+    /// action, whatever this thread blocks and Rust ignores.
+    #[test]
+    fn spawn_resets_the_signal_mask_and_sigpipe() {
+        let blocked = crate::sys::SignalFd::new(&[libc::SIGUSR2]).unwrap();
+        let result = run_spawned(
+            Program::Path(c("/bin/cat")),
+            &["cat", "/proc/self/status"],
+            "/",
+            None,
+        );
+        crate::sys::SignalFd::unblock(&[libc::SIGUSR2]);
+        drop(blocked);
+        let (out, code) = result.unwrap();
+        assert_eq!(code, 0);
+        let mask = |key: &str| {
+            let line = out.lines().find(|l| l.starts_with(key)).unwrap();
+            u64::from_str_radix(line[key.len()..].trim(), 16).unwrap()
+        };
+        assert_eq!(mask("SigBlk:"), 0, "{out}");
+        assert_eq!(mask("SigIgn:") & (1 << (libc::SIGPIPE - 1)), 0, "{out}");
+    }
+
     #[test]
     fn spawn_reports_failures_by_stage() {
         let by_path = Program::Path(c("/bin/pwd"));
