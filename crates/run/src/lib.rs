@@ -63,8 +63,8 @@
 //! bundle crun userns state cgroup image_config spec   console stdio sys
 //! ```
 //!
-//! - [`prepare`](crate::prepare) takes a `RunSpec` to a `Prepared`
-//!   container; on failure it calls `teardown`.
+//! - `prepare` takes a `RunSpec` to a `Prepared` container; on failure
+//!   it calls `teardown`.
 //! - `spawn` turns a `Prepared` container into crun's `sys::SpawnSpec`
 //!   and starts it.
 //! - `session` is the client's side (foreground `cairn run`, `cairn

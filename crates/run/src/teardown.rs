@@ -1,6 +1,5 @@
-//! The teardown stage: releasing what [`prepare`](crate::prepare) took for
-//! a container, and the reaper that does so for containers whose monitor
-//! is gone.
+//! The teardown stage: releasing what `prepare` took for a container,
+//! and the reaper that does so for containers whose monitor is gone.
 //!
 //! Everything a container holds is recorded in its `state.json` before it
 //! is taken, so [`teardown`] works from the record alone and is
