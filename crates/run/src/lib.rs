@@ -29,39 +29,86 @@
 //! monitor copies between the pipes and the caller (or the log), see
 //! `stdio`.
 //!
-//! Teardown ([`container::teardown`]) is idempotent and runs from the
+//! Teardown ([`teardown::teardown`]) is idempotent and runs from the
 //! monitor, or from any later command that finds an abandoned container
-//! (its lock free while its state says it runs: [`lifecycle::reap`]).
+//! (its lock free while its state says it runs: [`teardown::reap`]).
 //!
 //! For other front ends (the on-demand `--listen` proxy): [`start_detached`]
 //! starts a container from a [`RunSpec`] and returns at once;
 //! [`lifecycle::stop`] stops it. [`listen`] is that front end: a proxy
 //! process that holds a listening socket and starts the container on the
 //! first connection, stops it when idle.
+//!
+//! # Modules
+//!
+//! The run path is cut into stages, one module each, and the imports
+//! between modules form a DAG: a module may import only modules on a
+//! lower line of this picture (never one on its own line or above); the
+//! building blocks at the bottom import no stage, and each other only
+//! from left to right.
+//!
+//! ```text
+//! listen                      on-demand proxy (record: listen::record)
+//!   │
+//! container   lifecycle       entry points: run / start; ps, stop, exec, rm, logs
+//!   │      ╲      │
+//! monitor   ╲     │           crun's parent: waits, records the exit, tears down
+//!   │  ╲     ╲    │
+//! spawn  ╲  session           start `crun run` │ the client's end (signals, tty)
+//!   │     ╲
+//! prepare  ╲                  record, rootfs, bundle, cgroups, config.json
+//!   │       ╲
+//! teardown                    release what a record holds; the reaper
+//!   │
+//! bundle crun userns state cgroup image_config spec   console stdio sys
+//! ```
+//!
+//! - `prepare` takes a `RunSpec` to a `Prepared` container; on failure
+//!   it calls `teardown`.
+//! - `spawn` turns a `Prepared` container into crun's `sys::SpawnSpec`
+//!   and starts it.
+//! - `session` is the client's side (foreground `cairn run`, `cairn
+//!   exec`); it knows nothing of preparing or spawning.
+//! - `monitor` uses prepare's output, spawn, session's exit code and
+//!   teardown; [`container`] forks it and then runs the client's session.
+//! - [`lifecycle`] uses teardown (the reaper) and session (for exec).
+//! - [`listen`] uses [`container::start_detached`] and
+//!   [`lifecycle::stop`].
 #![deny(unsafe_code)]
 
+// Building blocks, no stage among them (see the picture above).
+mod bundle;
 pub mod cgroup;
 mod console;
-pub mod container;
 pub mod crun;
 pub mod image_config;
-pub mod lifecycle;
-pub mod listen;
-mod monitor;
 pub mod spec;
 pub mod state;
 mod stdio;
 mod sys;
 pub mod userns;
 
+// The stages.
+mod prepare;
+mod session;
+mod spawn;
+pub mod teardown;
+
+// On top of the stages.
+pub mod container;
+pub mod lifecycle;
+pub mod listen;
+mod monitor;
+
 use std::path::PathBuf;
 
 pub use container::{run_foreground, start_detached, RunSpec, Started, UpperChoice, UsernsChoice};
-pub use lifecycle::{exec, kill, list, logs, reap, remove, stop, ExecSpec};
+pub use lifecycle::{exec, kill, list, logs, remove, stop, ExecSpec};
 pub use listen::{ListenSpec, ListenState, ListenStatus, Listening};
 pub use spec::{Limits, Network, Volume};
 pub use state::{Paths, State, Status};
 pub use sys::exit_now;
+pub use teardown::reap;
 
 /// Why a container operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,126 +1,25 @@
-//! Containers after they started: list, stop, kill, exec, logs, remove,
-//! and the reaper that tears down containers whose monitor is gone.
+//! Containers after they started: list, stop, kill, exec, logs, remove.
+//!
+//! These commands sit on top of the stages: they use [`teardown`] (and
+//! its reaper, re-exported here) and, for `exec`, the session loop.
 
 use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
 
 use crate::console::ConsoleListener;
-use crate::container::teardown;
 use crate::crun::{self, parse_signal};
 use crate::image_config::resolve_user;
-use crate::monitor::{session_loop, SessionIo, FORWARDED};
+use crate::session::{session_loop, SessionIo, FORWARDED};
 use crate::state::{self, Paths, State, Status};
 use crate::stdio::StdioPipes;
 use crate::sys::SignalFd;
-use crate::{userns, RunError};
-
-/// Whether the container's init process (per its pid file) is alive.
-fn init_alive(paths: &Paths, st: &State) -> bool {
-    let pid = st.pid.or_else(|| state::read_pid(paths, st));
-    let Some(pid) = pid else { return false };
-    // The pid is only the container's if crun still has it on record.
-    let status = paths.crun_root().join(&st.id).join("status");
-    let Ok(text) = fs::read_to_string(status) else {
-        return false;
-    };
-    text.contains(&format!("\"pid\": {pid}")) && Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Tears down container `id` if it was abandoned (lock free, state not
-/// exited), or removes its record if it exited with `remove` set. Returns
-/// whether it did anything.
-pub fn reap_one(paths: &Paths, id: &str) -> bool {
-    let dir = paths.container(id);
-    let Ok(Some(lock)) = state::try_lock(&dir) else {
-        return false;
-    };
-    let st = match state::read_state(&dir) {
-        Ok(Some(st)) => st,
-        Ok(None) => {
-            // A directory whose state was never written: debris of a
-            // launcher killed right after mkdir, once it is old enough
-            // not to be one being set up right now.
-            let old = fs::metadata(&dir)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|a| a > Duration::from_secs(60));
-            if old {
-                let _ = fs::remove_dir_all(&dir);
-            }
-            return old;
-        }
-        Err(_) => return false,
-    };
-    if st.status == Status::Exited {
-        return false;
-    }
-    if init_alive(paths, &st) {
-        // Running without a monitor: leave it; stop/kill still work and a
-        // later reap tears it down once it has exited.
-        return false;
-    }
-    let mut st = st;
-    if st.status == Status::Creating {
-        st.remove = true;
-    }
-    st.exit_code = st.exit_code.or(Some(-1));
-    for p in teardown(paths, &mut st) {
-        tracing::warn!("{p}");
-    }
-    drop(lock);
-    true
-}
-
-/// Reaps every abandoned container and orphaned pool slot. Returns how
-/// many containers it tore down.
-pub fn reap(paths: &Paths) -> Result<usize, RunError> {
-    let mut n = 0;
-    for id in state::list_ids(paths)? {
-        if reap_one(paths, &id) {
-            n += 1;
-        }
-    }
-    userns::free_orphans(paths);
-    remove_orphan_data(paths);
-    Ok(n)
-}
-
-/// Removes the data directories whose record is gone: the run root is a
-/// tmpfs that a reboot empties (or was changed). A container's data is
-/// made after its record and removed before it, so no live container has
-/// one. Kept uppers (the `keep` marker) stay for their owner to take.
-fn remove_orphan_data(paths: &Paths) {
-    let Ok(rd) = fs::read_dir(paths.data_dirs()) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let Some(id) = e.file_name().to_str().map(str::to_string) else {
-            continue;
-        };
-        if !state::is_id(&id) || paths.container(&id).exists() {
-            continue;
-        }
-        let data = paths.data_dir(&id);
-        // A state.json here is a record of the layout before the run root
-        // (an older cairn): not data of a gone record; leave it alone.
-        if data.join(crate::container::KEEP_MARKER).exists() || data.join("state.json").exists() {
-            continue;
-        }
-        let upperfs = data.join("upperfs");
-        if cairn_mount::is_mountpoint(&upperfs).unwrap_or(false) {
-            let _ = cairn_mount::umount_with(&upperfs, cairn_mount::UmountOptions { lazy: true });
-        }
-        if let Err(e) = fs::remove_dir_all(&data) {
-            tracing::warn!("removing {}: {e}", data.display());
-        }
-    }
-}
+use crate::teardown::teardown;
+pub use crate::teardown::{reap, reap_one};
+use crate::RunError;
 
 /// All containers (reaped first); `all = false` keeps only running ones.
 pub fn list(paths: &Paths, all: bool) -> Result<Vec<State>, RunError> {

@@ -6,9 +6,12 @@
 //!   on data prepared by the parent: no allocation, no locks (the parent
 //!   may have other threads). As a `pre_exec` hook ([`NsSetup::install`])
 //!   or in [`spawn`].
-//! - [`spawn`]: clone3 with a pidfd and `CLONE_INTO_CGROUP`, then exec by
-//!   path or by fd (`fexecve`); what std's `Command` cannot do.
-//! - [`fork_monitor`]: the double fork that makes a container's monitor.
+//! - [`spawn`]: a fork by clone3 with a pidfd and `CLONE_INTO_CGROUP`,
+//!   signals blocked until the child has reset their handlers, then exec
+//!   by path or by fd (`fexecve`); what std's `Command` cannot do.
+//! - [`fork_monitor`], [`fork_child_monitor`]: the forks that make a
+//!   container's monitor (or a listener's proxy), after checking that the
+//!   process has a single thread.
 //! - [`SignalFd`]: signals blocked and read from a `signalfd`.
 //!
 //! Everything else in the crate is `#![forbid(unsafe_code)]`-clean; this
@@ -26,9 +29,11 @@ use rustix::mount::{MountFlags, MountPropagationFlags, MoveMountFlags};
 use rustix::thread::UnshareFlags;
 
 /// What the child does before it becomes crun. Built by the parent, so
-/// the child only makes system calls.
+/// the child only makes system calls. The mounts to attach are borrowed:
+/// they stay open at least as long as the setup, hence until the child
+/// has used them.
 #[derive(Debug, Default)]
-pub struct NsSetup {
+pub struct NsSetup<'fd> {
     /// `cgroup.procs` files to write `0` (this process) into, in order.
     pub join: Vec<CString>,
     /// Unshare the cgroup namespace too and mount cgroup2 on
@@ -37,12 +42,12 @@ pub struct NsSetup {
     /// Detached mounts (the container's bundle tmpfs, then its rootfs
     /// inside it) and where to attach them inside the new mount namespace,
     /// in this order.
-    pub attach: Vec<(RawFd, CString)>,
+    pub attach: Vec<(BorrowedFd<'fd>, CString)>,
     /// Whether to make a new mount namespace at all.
     pub new_mount_ns: bool,
 }
 
-impl NsSetup {
+impl NsSetup<'_> {
     /// Does the setup in the current process: join the cgroups, enter the
     /// namespaces, mount, attach the rootfs. Only system calls on data
     /// prepared earlier: safe between fork and exec.
@@ -79,10 +84,10 @@ impl NsSetup {
                 None,
             )?;
         }
-        for (fd, target) in &self.attach {
-            // SAFETY: the parent keeps these fds open until the child has
-            // exec'd, and the child is a copy of it, so the fd is valid here.
-            let mount = unsafe { BorrowedFd::borrow_raw(*fd) };
+        for (mount, target) in &self.attach {
+            // The child's fd table is a copy of the parent's (no
+            // CLONE_FILES), in which the borrow keeps the fd open: the same
+            // number names the mount here.
             rustix::mount::move_mount(
                 mount,
                 c"",
@@ -93,9 +98,12 @@ impl NsSetup {
         }
         Ok(())
     }
+}
 
-    /// Installs the setup as a `pre_exec` hook on `cmd`. The fds in
-    /// `attach` must stay open until `cmd` has been spawned.
+impl NsSetup<'static> {
+    /// Installs the setup as a `pre_exec` hook on `cmd`. Only a setup
+    /// whose borrowed fds live forever can be moved into the hook, which
+    /// `Command` keeps for as long as it likes.
     pub fn install(self, cmd: &mut Command) {
         let setup = self;
         let hook = move || -> io::Result<()> { Ok(setup.apply()?) };
@@ -120,7 +128,7 @@ pub enum Program {
 /// A process for [`spawn`]: everything prepared, so that the child only
 /// makes system calls.
 #[derive(Debug)]
-pub struct SpawnSpec {
+pub struct SpawnSpec<'fd> {
     pub program: Program,
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
@@ -133,7 +141,7 @@ pub struct SpawnSpec {
     /// land on every container start. With the group's `cgroup.procs`, for
     /// kernels that refuse that.
     pub cgroup: Option<(OwnedFd, CString)>,
-    pub setup: NsSetup,
+    pub setup: NsSetup<'fd>,
 }
 
 /// A started child.
@@ -194,7 +202,7 @@ const STAGES: [&str; 4] = [
 
 /// Starts `spec` with clone3 (a pidfd, optionally straight into a cgroup)
 /// and returns once the child has exec'd, or with why it could not.
-pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
     let argv = null_terminated(&spec.argv);
     let envp = null_terminated(&spec.envp);
     let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
@@ -210,15 +218,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         args.flags |= CLONE_INTO_CGROUP;
         args.cgroup = cg.as_raw_fd() as u64;
     }
-    let ret = clone_child(
-        &mut args,
-        &ChildArgs {
-            spec,
-            argv: &argv,
-            envp: &envp,
-            err_w: err_w.as_raw_fd(),
-        },
-    );
+    let ret = clone_child(&mut args, spec, &argv, &envp, err_w.as_raw_fd());
     if ret < 0 {
         return Err(SpawnError::Clone(io::Error::from_raw_os_error(
             (-ret) as i32,
@@ -251,103 +251,144 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     })
 }
 
-/// What the child of [`spawn`] needs, in the parent's memory.
-struct ChildArgs<'a> {
-    spec: &'a SpawnSpec,
-    argv: &'a [*const libc::c_char],
-    envp: &'a [*const libc::c_char],
+/// clone3 with `args` but neither `CLONE_VM` nor `CLONE_VFORK`, that is
+/// a fork (with a pidfd, and maybe straight into a cgroup), whose child
+/// runs [`child`] until it execs or exits. Returns the child's pid, or
+/// `-errno`.
+///
+/// Every signal is blocked in this thread across the clone, so that the
+/// child starts with all of them blocked and no handler of ours can run
+/// in it before [`child`] has reset the handled ones to their default
+/// action ([`reset_signals`], as `posix_spawn` does). The caller's mask
+/// is restored right after the clone.
+///
+/// The child shares nothing with us but the open file descriptions: it
+/// has its own copy of memory and of the fd table, and one thread, so
+/// whatever it does cannot touch our state. It is still a child of a
+/// possibly multi-threaded process that the C library knows nothing of,
+/// so [`child`] must keep to system calls on data prepared beforehand (a
+/// lock that another of our threads held at the moment of the copy stays
+/// held in the child forever; the C library's cached thread id there is
+/// ours).
+///
+/// A `CLONE_VM|CLONE_VFORK` child on a stack of its own (what
+/// `posix_spawn` does, and what this was until it was replaced) copies no
+/// page tables, but needs a hand-written assembly trampoline to start on
+/// that stack, and a child that shares our memory. Timed with `crun`'s
+/// `spawn_latency` test (on a loaded 2-core VM), the fork cost about
+/// 0.15 ms more per spawn with 0.1 MB of anonymous memory resident and
+/// 0.2 ms with 1.1 MB (a container's monitor has about 0.8 MB), growing by
+/// some 65 µs per further MB: not enough to keep the harder argument.
+fn clone_child(
+    args: &mut CloneArgs,
+    spec: &SpawnSpec<'_>,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
     err_w: RawFd,
+) -> isize {
+    // SAFETY: sigfillset initializes the set it is given; pthread_sigmask
+    // gets valid pointers to initialized sets.
+    let saved = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut saved: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+        saved
+    };
+    // SAFETY: clone3 without CLONE_VM, CLONE_VFORK, CLONE_FILES or
+    // CLONE_THREAD is a fork: the child continues here with a copy of this
+    // address space and fd table, on a copy of this stack, with one thread.
+    // It runs `child`, which never returns (it execs or exits) and keeps
+    // to what is sound in a fork child of a multi-threaded process (see
+    // above). `args` and the pidfd it points to outlive the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            std::ptr::from_mut(args),
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if ret == 0 {
+        child(spec, argv, envp, err_w);
+    }
+    let ret = if ret < 0 {
+        -(io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL) as isize)
+    } else {
+        ret as isize
+    };
+    // SAFETY: restores the mask saved above, a valid initialized set.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
+    ret
 }
 
-/// The stack of a `CLONE_VM` child: it makes a few system calls and execs.
-#[cfg(target_arch = "x86_64")]
-const CHILD_STACK: usize = 256 << 10;
+/// The kernel's `struct sigaction`, as `rt_sigaction(2)` reads and writes
+/// it on x86-64, aarch64 and riscv64 (where it has no `sa_restorer`, the
+/// kernel reads `handler`, `flags` and then `restorer` as the mask: all
+/// zero below, so the same). Not the C library's: its `sigaction` may
+/// take a lock (musl's does for `SIGABRT`), which a fork child must not.
+#[repr(C)]
+#[derive(Default)]
+struct KernelSigaction {
+    handler: usize,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
 
-/// clone3 with `args`, the child running [`child`] until it execs or
-/// exits. Returns the child's pid, or `-errno`.
-///
-/// On x86-64 the child shares this address space (`CLONE_VM`) on a stack
-/// of its own, and this thread sleeps until the child has exec'd or exited
-/// (`CLONE_VFORK`), as `posix_spawn` does: the kernel copies no page tables
-/// and write-protects none of our pages (each of which would otherwise
-/// fault again at our next write to it), and the child's exec has no copy
-/// to tear down. Elsewhere it is a plain fork.
-fn clone_child(args: &mut CloneArgs, child_args: &ChildArgs<'_>) -> isize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Never written by us; the kernel only needs the range. Not touched
-        // beyond the pages the child's frames use.
-        let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
-        args.flags |= (libc::CLONE_VM | libc::CLONE_VFORK) as u64;
-        let base = stack.as_mut_ptr() as u64;
-        args.stack = base;
-        // The kernel starts the child at stack + stack_size, which `call`
-        // needs 16-byte aligned whatever alignment the allocator gave.
-        args.stack_size = ((base + CHILD_STACK as u64) & !15) - base;
-        let ret: isize;
-        // SAFETY: clone3(2) with CLONE_VM|CLONE_VFORK: the parent side
-        // continues after `syscall` with rax = pid or -errno, every other
-        // register but rcx and r11 intact. The child starts at the same
-        // instruction with rax = 0 and rsp at the top of `stack`, which
-        // outlives it (we sleep until it execs or exits); it calls
-        // `child_entry(child_args)` with a 16-byte aligned stack, which never
-        // returns (`ud2` would trap if it did). `child_entry` only makes
-        // system calls on data prepared above and writes nothing of ours
-        // but errno.
-        unsafe {
-            std::arch::asm!(
-                "syscall",
-                "test rax, rax",
-                "jnz 2f",
-                "xor ebp, ebp",
-                "mov rdi, r12",
-                "call r13",
-                "ud2",
-                "2:",
-                inlateout("rax") libc::SYS_clone3 as isize => ret,
-                in("rdi") std::ptr::from_mut(args),
-                in("rsi") std::mem::size_of::<CloneArgs>(),
-                in("r12") std::ptr::from_ref(child_args),
-                in("r13") child_entry as extern "C" fn(*const ChildArgs<'_>) -> !,
-                lateout("rcx") _,
-                lateout("r11") _,
-            );
-        }
-        drop(stack);
-        ret
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        // SAFETY: clone3 without CLONE_VM is a fork: the child gets a copy
-        // of this address space and runs `child`, which only makes system
-        // calls on data prepared by the caller (no allocation, no locks:
-        // another thread of ours may have held a lock at the moment of the
-        // copy) and never returns. `args` outlives the call.
-        let ret = unsafe {
+#[cfg(not(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+)))]
+compile_error!("sys::KernelSigaction: check struct sigaction of this architecture");
+
+/// The kernel's signal set size (64 signals), rt_sigaction's last argument,
+/// as the `long` that `syscall(2)` reads its arguments as.
+const SIGSET_SIZE: libc::c_long = 8;
+
+/// In a fork child with every signal blocked: gives each signal that has
+/// a handler (code of the parent's, which must not run here) its default
+/// action, as `posix_spawn` does, and SIGPIPE too (Rust ignores it, and
+/// an ignored disposition survives exec); then unblocks every signal, as
+/// std's `Command` does. Ignored signals other than SIGPIPE stay ignored.
+/// Raw system calls on our own stack only.
+fn reset_signals() {
+    let default = KernelSigaction::default();
+    for sig in 1..=64i32 {
+        let mut old = KernelSigaction::default();
+        // SAFETY: rt_sigaction(sig, NULL, &old, 8) only writes `old`, a
+        // struct at least as large as the kernel's.
+        let got = unsafe {
             libc::syscall(
-                libc::SYS_clone3,
-                std::ptr::from_mut(args),
-                std::mem::size_of::<CloneArgs>(),
+                libc::SYS_rt_sigaction,
+                libc::c_long::from(sig),
+                std::ptr::null::<KernelSigaction>(),
+                std::ptr::from_mut(&mut old),
+                SIGSET_SIZE,
             )
         };
-        if ret == 0 {
-            child_entry(child_args);
+        let handled = got == 0 && old.handler != libc::SIG_DFL && old.handler != libc::SIG_IGN;
+        if handled || sig == libc::SIGPIPE {
+            // SAFETY: rt_sigaction(sig, &default, NULL, 8) reads `default`:
+            // SIG_DFL, no flags, an empty mask.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    libc::c_long::from(sig),
+                    std::ptr::from_ref(&default),
+                    std::ptr::null_mut::<KernelSigaction>(),
+                    SIGSET_SIZE,
+                );
+            }
         }
-        if ret < 0 {
-            return -(io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EINVAL) as isize);
-        }
-        ret as isize
     }
-}
-
-/// Where the child of [`clone_child`] starts.
-extern "C" fn child_entry(a: *const ChildArgs<'_>) -> ! {
-    // SAFETY: `a` points to the parent's ChildArgs, alive until the child
-    // has exec'd or exited (the parent sleeps meanwhile, or has a copy).
-    let a = unsafe { &*a };
-    child(a.spec, a.argv, a.envp, a.err_w)
+    // SAFETY: a zeroed sigset_t is an empty set; rt_sigprocmask only reads it.
+    unsafe {
+        let empty: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
 }
 
 fn null_terminated(v: &[CString]) -> Vec<*const libc::c_char> {
@@ -369,25 +410,17 @@ fn child_fail(err_w: RawFd, stage: u32, errno: i32) -> ! {
     }
 }
 
-/// The child side of [`spawn`]: system calls only, then exec or `_exit`.
-/// It may share the parent's memory (see [`clone_child`]): it writes
-/// nothing but its own stack and errno.
+/// The child side of [`spawn`], in a fork child (see [`clone_child`]):
+/// system calls only, on data prepared by the parent, then exec or
+/// `_exit`.
 fn child(
-    spec: &SpawnSpec,
+    spec: &SpawnSpec<'_>,
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
     err_w: RawFd,
 ) -> ! {
     let fail = |stage: u32, errno: i32| child_fail(err_w, stage, errno);
-    // SAFETY: plain system calls on valid arguments. The signal mask and
-    // SIGPIPE's disposition are reset as std's Command does (Rust ignores
-    // SIGPIPE; the monitor may block signals).
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    reset_signals();
     // Move sources out of 0..=2 first, so that no dup2 overwrites a
     // source still to be used.
     let mut src = [-1; 3];
@@ -431,11 +464,41 @@ pub enum Forked {
     Monitor,
 }
 
-/// Double fork with `setsid` in between. The caller must be
-/// single-threaded (the monitor goes on running Rust code after `fork`).
+/// Fails unless this process has exactly one thread, which a fork whose
+/// child goes on running ordinary Rust code needs: a lock that another
+/// thread held at the moment of the fork (the allocator's, stdout's) would
+/// stay held forever in the child. Only this thread could start another,
+/// so the answer holds until it does.
+fn ensure_single_threaded() -> io::Result<()> {
+    let stat = std::fs::read("/proc/self/stat")?;
+    // num_threads is field 20; fields are counted after the command name,
+    // which is in parentheses and may itself hold spaces or parentheses.
+    let after_comm = stat
+        .iter()
+        .rposition(|&b| b == b')')
+        .map_or(&[][..], |i| &stat[i + 1..]);
+    let threads = std::str::from_utf8(after_comm)
+        .ok()
+        .and_then(|s| s.split_ascii_whitespace().nth(17))
+        .and_then(|n| n.parse::<u64>().ok());
+    match threads {
+        Some(1) => Ok(()),
+        Some(n) => Err(io::Error::other(format!(
+            "forking a monitor needs a single-threaded process; this one has {n} threads"
+        ))),
+        None => Err(io::Error::other(
+            "unreadable thread count in /proc/self/stat",
+        )),
+    }
+}
+
+/// Double fork with `setsid` in between. Fails if the caller has more
+/// than one thread (the monitor goes on running Rust code after `fork`).
 pub fn fork_monitor() -> io::Result<Forked> {
-    // SAFETY: fork in a single-threaded process (documented requirement of
-    // this function); both sides continue with ordinary code.
+    ensure_single_threaded()?;
+    // SAFETY: fork in a process just found single-threaded; both sides
+    // continue with ordinary code, which is sound in the child as no lock
+    // can be held by a thread that the child lacks.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -476,10 +539,11 @@ pub fn fork_monitor() -> io::Result<Forked> {
 /// and one fork less on the way to the container's start. The monitor is
 /// a session leader and so must never open a terminal device (it receives
 /// a console's fd over a socket, which gives no controlling terminal).
-/// The caller must be single-threaded, as for [`fork_monitor`].
+/// Fails if the caller has more than one thread, as [`fork_monitor`].
 pub fn fork_child_monitor() -> io::Result<Forked> {
-    // SAFETY: fork in a single-threaded process (documented requirement of
-    // this function); both sides continue with ordinary code.
+    ensure_single_threaded()?;
+    // SAFETY: fork in a process just found single-threaded (see
+    // `fork_monitor`); both sides continue with ordinary code.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -560,11 +624,6 @@ impl AsFd for SignalFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
-}
-
-/// The raw fd of a borrowed fd, for [`NsSetup::attach`].
-pub fn raw(fd: BorrowedFd<'_>) -> RawFd {
-    fd.as_raw_fd()
 }
 
 /// Ends the process with `code` once stdout and stderr are flushed, without
