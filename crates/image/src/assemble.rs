@@ -143,6 +143,7 @@ pub fn build_image_tree(store: &Store, diff_ids: &[String]) -> Result<Tree, Laye
 /// the tree names is in the store.
 pub(crate) fn check_objects(store: &Store, tree: &Tree) -> Result<u64, LayerError> {
     let mut content = 0u64;
+    let mut lookup = store.object_lookup();
     for inode in &tree.inodes {
         let InodeData::Regular(r) = &inode.data else {
             continue;
@@ -150,7 +151,7 @@ pub(crate) fn check_objects(store: &Store, tree: &Tree) -> Result<u64, LayerErro
         content = content.saturating_add(inode.size);
         if let Some(d) = r.digest {
             let id = ObjectId(d);
-            if !store.has_object(&id) {
+            if !lookup.has(&id) {
                 return Err(image_err(
                     "layers",
                     format!("object {id} is missing from the store (re-import the layer)"),

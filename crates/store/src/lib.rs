@@ -105,7 +105,7 @@ pub use image::{is_image_digest, ImageWriter, Images};
 pub use kernel::VeritySupport;
 pub use lock::{LockKind, StoreLock};
 pub use mounts::LiveMount;
-pub use object::{ObjectBatch, Objects};
+pub use object::{ObjectBatch, ObjectLookup, Objects};
 pub use private::{
     create_private_dir, ensure_private_dir, make_dir_private, wide_mode, PRIVATE_DIRS,
     PRIVATE_DIR_MODE, PRIVATE_FILE_MODE,

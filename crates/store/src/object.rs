@@ -72,6 +72,16 @@ impl Store {
             .unwrap_or(false)
     }
 
+    /// [`has_object`](Self::has_object) for many objects: each looked up
+    /// from its fan-out directory's descriptor (opened once), not by a
+    /// path walked from `/` each time.
+    pub fn object_lookup(&self) -> ObjectLookup<'_> {
+        ObjectLookup {
+            store: self,
+            dirs: (0..256).map(|_| None).collect(),
+        }
+    }
+
     /// Imports `data`. If the object exists already nothing is written.
     pub fn import_bytes(&self, data: &[u8]) -> Result<ObjectId, StoreError> {
         let mut hasher = FsVerityHasher::new();
@@ -457,6 +467,31 @@ fn copy_by_reading(src: &File, dst: &File, mut off: u64, len: u64) -> Result<(),
         off += n as u64;
     }
     Ok(())
+}
+
+/// Looks objects up: see [`Store::object_lookup`].
+pub struct ObjectLookup<'s> {
+    store: &'s Store,
+    /// Each fan-out directory once opened: `Some(None)` when it is missing.
+    dirs: Vec<Option<Option<File>>>,
+}
+
+impl ObjectLookup<'_> {
+    /// Whether the object is in the store (as a regular file).
+    pub fn has(&mut self, id: &ObjectId) -> bool {
+        use rustix::fs::{statat, AtFlags, FileType};
+        let b = id.0[0];
+        let dir = self.dirs[b as usize].get_or_insert_with(|| {
+            File::open(self.store.objects_dir().join(format!("{b:02x}"))).ok()
+        });
+        let Some(dir) = dir else {
+            return false;
+        };
+        let hex = id.to_hex();
+        statat(&*dir, &hex[2..], AtFlags::SYMLINK_NOFOLLOW)
+            .map(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+            .unwrap_or(false)
+    }
 }
 
 /// Imports that become visible together (see [`Store::object_batch`]).

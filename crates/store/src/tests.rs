@@ -94,6 +94,32 @@ fn file_reader_and_bytes_imports_agree() {
 }
 
 #[test]
+fn object_lookup_agrees_with_has_object() {
+    let (_dir, store) = new_store();
+    let there = store.import_bytes(b"present").unwrap();
+    // Same fan-out directory, other name; and a fan-out directory that
+    // does not exist.
+    let mut sibling = there;
+    sibling.0[31] ^= 1;
+    let mut elsewhere = there;
+    elsewhere.0[0] ^= 0x80;
+    // Not a regular file: a directory where an object would be.
+    let mut dir_id = there;
+    dir_id.0[30] ^= 1;
+    fs::create_dir(store.object_path(&dir_id)).unwrap();
+    let mut lookup = store.object_lookup();
+    for (id, want) in [
+        (there, true),
+        (sibling, false),
+        (elsewhere, false),
+        (dir_id, false),
+    ] {
+        assert_eq!(lookup.has(&id), want, "{id}");
+        assert_eq!(store.has_object(&id), want, "{id}");
+    }
+}
+
+#[test]
 fn importing_existing_content_writes_nothing() {
     let (dir, store) = new_store();
     let id = store.import_bytes(b"same").unwrap();
