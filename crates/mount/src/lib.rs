@@ -39,10 +39,12 @@ pub use bind::readonly_bind;
 pub use disk::{mount_sized_upper, MIN_DISK_UPPER};
 pub use error::{Action, MountError};
 pub use mountinfo::{
-    find_mount, is_mountpoint, mount_table, umount, umount_with, MountEntry, UmountOptions,
+    find_mount, is_mountpoint, mount_table, mount_table_of, parse_mountinfo, umount, umount_with,
+    MountEntry, UmountOptions,
 };
 pub use probe::{probe, Feature, KernelFeatures, MissingFeature, Support};
 pub use stack::{
-    mount_image, prepare_image, DetachedLayers, MountOptions, PreparedMount, UpperSpec, VerityMode,
+    mount_image, mounted_image, prepare_image, DetachedLayers, MountOptions, PreparedMount,
+    UpperSpec, VerityMode,
 };
 pub use userns::{IdMap, UserNamespace};

@@ -108,21 +108,11 @@ fn own_path(pick: impl Fn(&str) -> bool) -> String {
 
 /// Where the v1 hierarchy holding `controller` is mounted.
 fn v1_mount(controller: &str) -> Option<PathBuf> {
-    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    for line in text.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mut r = right.split(' ');
-        if r.next() != Some("cgroup") {
-            continue;
-        }
-        let super_opts = r.nth(1).unwrap_or("");
-        if super_opts.split(',').any(|o| o == controller) {
-            return left.split(' ').nth(4).map(PathBuf::from);
-        }
-    }
-    None
+    let table = cairn_mount::mount_table().ok()?;
+    table
+        .into_iter()
+        .find(|m| m.fs_type == "cgroup" && m.super_options.split(',').any(|o| o == controller))
+        .map(|m| m.mount_point)
 }
 
 /// The prefix of a hybrid host's container groups: `cairn-<id>`.
