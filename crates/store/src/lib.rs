@@ -102,7 +102,7 @@ pub use gc::{GcOptions, GcReport, Removed};
 pub use graph::{BadPayload, ImageContents, ObjectUse};
 pub use image::{is_image_digest, ImageWriter, Images};
 pub use kernel::VeritySupport;
-pub use lock::{LockKind, StoreLock};
+pub use lock::{flock_waiters, LockKind, StoreLock};
 pub use mounts::LiveMount;
 pub use object::{ObjectBatch, Objects};
 pub use private::{
