@@ -1,7 +1,6 @@
 //! Tests of the dumpfile parser and printer, most of them over the
 //! reference's test vectors.
 use std::io::{self, Read as _};
-use std::path::{Path, PathBuf};
 
 use super::parse::{Fields, MAX_XATTR_FIELD_LEN};
 use super::*;
@@ -20,9 +19,9 @@ const LENIENT_VECTORS: &[&str] = &[
     "honggfuzz-longlink-unterminated.dump",
 ];
 
-fn vectors_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/composefs")
-}
+#[path = "../../tests/common/vectors.rs"]
+mod vectors;
+use vectors::vectors_dir;
 
 fn read_vector(name: &str) -> Vec<u8> {
     let path = vectors_dir().join(name);
