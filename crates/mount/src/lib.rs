@@ -13,8 +13,10 @@
 //! - [`mod@probe`]: what the running kernel can do, tried at run time and cached;
 //!   [`KernelFeatures::require`] names what is missing and what to do.
 //! - [`stack`]: [`mount_image`], [`prepare_image`] and their options.
-//! - [`mountinfo`]: the mount table ([`find_mount`], [`is_mountpoint`]) and
-//!   [`umount`].
+//! - [`mountinfo`]: the mount table ([`find_mount`], [`is_mountpoint`];
+//!   cairn's one parser of `mountinfo`, which the store's gc and the cgroup
+//!   setup use too) and [`umount`]; [`mounted_image`] reads back which image
+//!   a mount was made from.
 //! - [`userns`]: user namespaces that carry an [`IdMap`].
 //! - [`readonly_bind`]: a detached read-only bind of a file (crun runs from one).
 //! - [`disk`]: size-capped disk upper layers (a sparse ext4 file on a loop device).
