@@ -89,7 +89,7 @@ fi
 if ! command -v cargo >/dev/null 2>&1; then
   cat >&2 <<'EOF'
 setup.sh: error: cargo not found.
-cairn needs Rust 1.80 or newer; Debian 12's own rustc (1.63) is too old.
+cairn needs Rust 1.88 or newer (rust-version in Cargo.toml); Debian 12's own rustc (1.63) is too old.
 Install rustup, then run this script again:
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y
     . "$HOME/.cargo/env"

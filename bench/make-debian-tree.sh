@@ -4,7 +4,7 @@
 #
 #   sudo bench/make-debian-tree.sh DIR [MIRROR]
 #
-# DIR must not exist; its parent gets chattr +T (see MACHINE-NOTES). The
+# DIR must not exist; its parent gets chattr +T (see docs/machines.md). The
 # tree holds device nodes under /dev, as a real image does.
 set -euo pipefail
 if [ $# -lt 1 ] || [ $# -gt 2 ] || [ "$1" = -h ] || [ "$1" = --help ]; then

@@ -5,7 +5,7 @@
 #   sudo bench/make-linux-tree.sh DIR
 #
 # Installs linux-source-6.1 if it is missing. DIR must not exist; its parent
-# gets chattr +T (MACHINE-NOTES: ext4 is slow to reuse inodes freed in the
+# gets chattr +T (docs/machines.md: ext4 is slow to reuse inodes freed in the
 # last minute, so use a fresh name rather than deleting and unpacking again).
 set -euo pipefail
 if [ $# -ne 1 ] || [ "$1" = -h ] || [ "$1" = --help ]; then

@@ -4,7 +4,7 @@
 #   bench/make-tree.sh DIR [--files N] [--seed S] [--per-dir N]
 #
 # Default: 10,000 files (about 200 MiB), seed 1. Same arguments, same tree.
-# DIR must not exist; its parent gets chattr +T (see MACHINE-NOTES: ext4 is
+# DIR must not exist; its parent gets chattr +T (see docs/machines.md: ext4 is
 # slow to reuse inodes freed in the last minute).
 set -euo pipefail
 here=$(dirname "$(readlink -f "$0")")

@@ -91,7 +91,7 @@ fio_bytes=$(numfmt --from=iec "$fio_size")
 fio_rand_bytes=$(numfmt --from=iec "$fio_rand_io")
 
 # ---------------------------------------------------------------- scratch space
-# ext4 is slow to reuse inodes freed in the last minute (MACHINE-NOTES): every
+# ext4 is slow to reuse inodes freed in the last minute (docs/machines.md): every
 # run writes into a fresh directory, and the parent has the Orlov "top
 # directory" flag (chattr +T) so that new trees spread over block groups.
 mkdir -p "$work"

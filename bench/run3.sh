@@ -65,7 +65,7 @@ phase() { [[ ",$only," == *",$1,"* ]]; }
 want_image() { [[ ",$images," == *",$1,"* ]]; }
 
 # ---------------------------------------------------------------- cgroups
-# crun 1.8 refuses a hybrid cgroup layout (MACHINE-NOTES): the outer
+# crun 1.8 refuses a hybrid cgroup layout (docs/machines.md): the outer
 # invocation makes a cgroup2 group of its own under /sys/fs/cgroup/unified,
 # moves into it and re-runs this script inside `unshare -C -m` with cgroup2
 # mounted on /sys/fs/cgroup; the group is removed afterwards. The private
@@ -84,7 +84,7 @@ if [ "$inner" -eq 0 ]; then
   mkdir "$cg"
   rc=0
   bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" \
-    unshare -C -m --propagation private env BENCH3_CGROUPS="hybrid host: crun baselines in an own cgroup2 group + cgroup namespace (MACHINE-NOTES workaround); cairn and nspawn in the host's hybrid view" \
+    unshare -C -m --propagation private env BENCH3_CGROUPS="hybrid host: crun baselines in an own cgroup2 group + cgroup namespace (docs/machines.md workaround); cairn and nspawn in the host's hybrid view" \
     BENCH3_OUTER=$$ CAIRN_BIN="$cairn" "$0" --inner "${all_args[@]}" || rc=$?
   # Children crun or cairn may have left (they should not), deepest first.
   find "$cg" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null || true
@@ -140,7 +140,7 @@ export CAIRN_ROOT=$run/store
 # crun's default --root (/run/crun) and cairn's run root. PID 1 is not
 # systemd here and /run is on the root ext4 (no journal, online discard),
 # where each file created and removed costs a block allocation, a
-# synchronous discard and a slow inode reuse (MACHINE-NOTES): ~0.15 ms of a
+# synchronous discard and a slow inode reuse (docs/machines.md): ~0.15 ms of a
 # bare crun start, more of a cairn run, which writes more files. The
 # "runtime state on disk" rows measure both that way too. The mounts are in
 # this private mount namespace only.
@@ -252,7 +252,7 @@ c["process"]["args"] = json.loads(args)
 c["process"]["terminal"] = False
 c["hostname"] = "bench"
 lin = c["linux"]
-lin.pop("resources", None)  # limits fail here (MACHINE-NOTES); nothing to limit
+lin.pop("resources", None)  # limits fail here (docs/machines.md); nothing to limit
 if userns:
     lin["namespaces"].append({"type": "user"})
     lin["uidMappings"] = [{"containerID": 0, "hostID": 100000, "size": 65536}]

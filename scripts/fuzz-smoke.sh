@@ -79,7 +79,8 @@ show_input() {
 # for erofs_read (random bytes rarely get past the superblock); small GNU tar
 # archives for tar_read; for oci_parse, see make_oci_seeds below.
 make_seeds() {
-  local vectors=../shared/testdata/composefs cairn f name
+  # The composefs test vectors, where the tests look for them.
+  local vectors=${CAIRN_COMPOSEFS_VECTORS:-../shared/testdata/composefs} cairn f name
   [ -d "$vectors" ] || {
     make_tar_seeds
     return 0

@@ -413,6 +413,8 @@ fn gc_started_during_a_pull_waits_and_takes_nothing_the_pull_uses() {
         2,
         "base and many should come from the store: {seen:?}"
     );
+    // The pull stays mid-layer, holding the store lock, until resumed.
+    fx.proxy.pause();
     let drain = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
 
     let gc_started = Instant::now();
@@ -422,15 +424,24 @@ fn gc_started_during_a_pull_waits_and_takes_nothing_the_pull_uses() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(600));
-    assert!(
-        pull.try_wait().unwrap().is_none(),
-        "the pull finished too soon for the test to mean anything"
-    );
-    assert!(
-        gc.try_wait().unwrap().is_none(),
-        "gc finished while the pull was still running: the pull does not hold the store lock"
-    );
+    // gc shows in /proc/locks as blocked on the store lock; had the pull not
+    // held it, gc would have finished instead.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !cairn_store::flock_waiters(&root.join("lock")).contains(&gc.id()) {
+        assert!(
+            gc.try_wait().unwrap().is_none(),
+            "gc finished while the pull was still running: the pull does not hold the store lock"
+        );
+        assert!(
+            pull.try_wait().unwrap().is_none(),
+            "the pull finished too soon for the test to mean anything"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "gc never blocked on the store lock"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     for d in &reused {
         assert!(
             root.join("layers").join(d).is_dir(),
@@ -438,6 +449,7 @@ fn gc_started_during_a_pull_waits_and_takes_nothing_the_pull_uses() {
         );
     }
     fx.proxy.set_delay(Duration::ZERO);
+    fx.proxy.resume();
     let st = pull.wait().unwrap();
     let rest = drain.join().unwrap();
     assert!(st.success(), "pull failed: {seen:?} {rest:?}");

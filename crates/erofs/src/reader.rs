@@ -584,7 +584,9 @@ impl<'a> Image<'a> {
                     }
                     b"trusted.overlay.overlay.whiteout" if is_reg => whiteout = true,
                     b"trusted.overlay.overlay.whiteouts" => {
-                        // Kept for now: `strip_dir_markers` uses it.
+                        // Kept until the whole tree is read: it tells
+                        // `strip_dir_markers` which directories' markers
+                        // are the writer's, and that removes it.
                         inode.xattrs.insert(k, v);
                     }
                     _ if k.starts_with(OVERLAY_ESCAPED_PREFIX) => {

@@ -10,6 +10,10 @@ use cairn_erofs::dump::{parse_dump, print_dump, ParseOptions};
 use cairn_erofs::reader::read_image;
 use cairn_erofs::writer::{mkfs_erofs_to_vec, WriteOptions};
 
+#[path = "common/vectors.rs"]
+mod vectors;
+use vectors::vectors_dir;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -74,7 +78,7 @@ impl Rng {
 }
 
 fn vector_images() -> Vec<Vec<u8>> {
-    let dir = repo().join("../shared/testdata/composefs");
+    let dir = vectors_dir();
     let mut out = Vec::new();
     for p in files_in(&dir) {
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
@@ -140,7 +144,7 @@ fn mutated_images_never_panic() {
 #[test]
 fn mutated_dumps_never_panic() {
     let mut rng = Rng(42);
-    let dump = std::fs::read(repo().join("../shared/testdata/composefs/special.dump")).unwrap();
+    let dump = std::fs::read(vectors_dir().join("special.dump")).unwrap();
     for _ in 0..300 {
         let mut m = dump.clone();
         for _ in 0..1 + rng.below(4) {

@@ -1,10 +1,9 @@
-//! The composefs test vectors: every dumpfile in `shared/testdata/composefs`
-//! must give an image whose sha256 is the one the reference `mkcomposefs`
+//! The composefs test vectors (`common/vectors.rs` says where they are):
+//! every dumpfile must give an image whose sha256 is the one the reference `mkcomposefs`
 //! gives; `fsck.erofs` must accept every image; reading an image back and
 //! writing it again must give the same bytes.
 
 use std::io::{BufReader, Read};
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cairn_erofs::dump::{parse_dump, print_dump, ParseOptions};
@@ -12,9 +11,9 @@ use cairn_erofs::reader::read_image;
 use cairn_erofs::writer::{mkfs_erofs_to_vec, WriteOptions};
 use sha2::{Digest, Sha256};
 
-fn vectors_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/composefs")
-}
+#[path = "common/vectors.rs"]
+mod vectors;
+use vectors::vectors_dir;
 
 /// Vectors the reference parses in its lenient mode.
 const LENIENT: &[&str] = &[

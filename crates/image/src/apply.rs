@@ -47,7 +47,9 @@ use cairn_erofs::dump::{parse_line, Line};
 use cairn_erofs::tree::{InodeData, InodeId, Tree, MAX_DEPTH, ROOT, S_IFDIR};
 use cairn_erofs::{DirEntry, Inode, Mtime};
 
-use crate::layer::{lossy, OPAQUE, WHITEOUT_PREFIX};
+use cairn_store::{OPAQUE_MARKER, WHITEOUT_PREFIX};
+
+use crate::layer::lossy;
 use crate::LayerError;
 
 /// The set-group-ID bit.
@@ -215,7 +217,7 @@ impl<'t> Applier<'t> {
         let dir = self.resolve(parents, path)?;
 
         if let Some(target) = name.strip_prefix(WHITEOUT_PREFIX) {
-            let opaque = *name == OPAQUE;
+            let opaque = *name == OPAQUE_MARKER;
             self.whiteout(&dir, if opaque { None } else { Some(target) });
             return Ok(());
         }

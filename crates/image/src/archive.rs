@@ -768,8 +768,9 @@ pub fn import_docker_archive(
                 &opts.limits,
             )
             .map_err(|e| {
-                // Say which member; a read error stays one (retryable).
-                if e.is_transient() {
+                // Say which member; a read error (of the archive file, not
+                // of its data) stays what it is.
+                if matches!(e, LayerError::Read { .. }) {
                     e
                 } else {
                     archive_err(&what, format!("layer {lname:?}: {e}"))

@@ -75,10 +75,4 @@ impl LayerError {
         let context = context.into();
         move |source| LayerError::Store { context, source }
     }
-
-    /// Whether retrying with the same input could succeed (the blob reader
-    /// failed, not the data).
-    pub fn is_transient(&self) -> bool {
-        matches!(self, LayerError::Read { .. })
-    }
 }

@@ -8,6 +8,8 @@ use cairn_erofs::dump::{format_entry_line, parse_line, print_dump};
 use cairn_erofs::tree::{InodeId, Tree, MAX_DEPTH, ROOT, S_IFCHR, S_IFDIR, S_IFLNK, S_IFREG};
 use cairn_erofs::{Inode, InodeData};
 
+use cairn_store::OPAQUE_MARKER;
+
 use crate::apply::{compact, empty_image, Applier};
 use crate::layer::clean_path;
 
@@ -70,7 +72,7 @@ pub fn fuzz_apply(data: &[u8]) {
             let kind = op % 7;
             if kind == 4 || kind == 5 {
                 // A whiteout of the last name, or an opaque marker.
-                let name: &[u8] = if kind == 5 { b".wh..wh..opq" } else { b".wh.a" };
+                let name: &[u8] = if kind == 5 { OPAQUE_MARKER } else { b".wh.a" };
                 raw.push(b'/');
                 raw.extend_from_slice(name);
             }

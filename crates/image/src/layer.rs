@@ -48,6 +48,7 @@ use cairn_erofs::tree::{
 use cairn_erofs::Inode;
 use cairn_store::{
     is_diff_id, LayerRecord, LayerRecordWriter, ObjectId, StagedObject, Store, StoreError,
+    OPAQUE_MARKER, WHITEOUT_PREFIX,
 };
 
 use crate::decompress::{
@@ -55,11 +56,6 @@ use crate::decompress::{
 };
 use crate::tar::{Chunk, EntryKind, TarEntry, TarError, TarErrorKind, TarLimits, TarReader};
 use crate::{pipeline, LayerError};
-
-/// The name of an opaque-directory marker.
-pub(crate) const OPAQUE: &[u8] = b".wh..wh..opq";
-/// The prefix of whiteouts.
-pub(crate) const WHITEOUT_PREFIX: &[u8] = b".wh.";
 
 /// What a layer may hold before its import is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -772,7 +768,7 @@ impl<'s> LayerBuilder<'s> {
         }
 
         if let Some(target) = name.strip_prefix(WHITEOUT_PREFIX) {
-            if *name != OPAQUE {
+            if *name != OPAQUE_MARKER {
                 if target.starts_with(WHITEOUT_PREFIX) {
                     // `.wh..wh.X` would delete a name no entry can have.
                     tracing::debug!("ignoring whiteout of reserved name {}", lossy(name));

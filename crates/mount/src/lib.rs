@@ -13,8 +13,10 @@
 //! - [`mod@probe`]: what the running kernel can do, tried at run time and cached;
 //!   [`KernelFeatures::require`] names what is missing and what to do.
 //! - [`stack`]: [`mount_image`], [`prepare_image`] and their options.
-//! - [`mountinfo`]: the mount table ([`find_mount`], [`is_mountpoint`]) and
-//!   [`umount`].
+//! - [`mountinfo`]: the mount table ([`find_mount`], [`is_mountpoint`];
+//!   cairn's one parser of `mountinfo`, which the store's gc and the cgroup
+//!   setup use too) and [`umount`]; [`mounted_image`] reads back which image
+//!   a mount was made from.
 //! - [`userns`]: user namespaces that carry an [`IdMap`].
 //! - [`readonly_bind`]: a detached read-only bind of a file (crun runs from one).
 //! - [`disk`]: size-capped disk upper layers (a sparse ext4 file on a loop device).
@@ -39,10 +41,12 @@ pub use bind::readonly_bind;
 pub use disk::{mount_sized_upper, MIN_DISK_UPPER};
 pub use error::{Action, MountError};
 pub use mountinfo::{
-    find_mount, is_mountpoint, mount_table, umount, umount_with, MountEntry, UmountOptions,
+    find_mount, is_mountpoint, mount_table, mount_table_of, parse_mountinfo, umount, umount_with,
+    MountEntry, UmountOptions,
 };
 pub use probe::{probe, Feature, KernelFeatures, MissingFeature, Support};
 pub use stack::{
-    mount_image, prepare_image, DetachedLayers, MountOptions, PreparedMount, UpperSpec, VerityMode,
+    mount_image, mounted_image, prepare_image, DetachedLayers, MountOptions, PreparedMount,
+    UpperSpec, VerityMode,
 };
 pub use userns::{IdMap, UserNamespace};

@@ -46,6 +46,12 @@ pub fn mount_table() -> Result<Vec<MountEntry>, MountError> {
     Ok(parse_mountinfo(&text))
 }
 
+/// The mount table of another process's mount namespace, from a
+/// `/proc/<pid>/mountinfo` file (or any file in that format).
+pub fn mount_table_of(mountinfo: &Path) -> std::io::Result<Vec<MountEntry>> {
+    Ok(parse_mountinfo(&std::fs::read(mountinfo)?))
+}
+
 /// The topmost mount whose mount point is `path` (after resolving symlinks
 /// and `..` in `path`), if any.
 pub fn find_mount(path: &Path) -> Result<Option<MountEntry>, MountError> {
@@ -103,8 +109,10 @@ pub fn umount_with(target: &Path, options: UmountOptions) -> Result<(), MountErr
     }
 }
 
-/// Parses `mountinfo` text; malformed lines are skipped.
-pub(crate) fn parse_mountinfo(text: &[u8]) -> Vec<MountEntry> {
+/// Parses `mountinfo` text (proc(5)), in the order of its lines;
+/// malformed lines are skipped. This is cairn's one reader of the format:
+/// the store's gc and the cgroup setup use it too.
+pub fn parse_mountinfo(text: &[u8]) -> Vec<MountEntry> {
     text.split(|b| *b == b'\n').filter_map(parse_line).collect()
 }
 

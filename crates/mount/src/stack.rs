@@ -32,6 +32,17 @@
 //! idmapped image root shows, so the container's root owns `/`. (The overlay
 //! mount itself cannot be idmapped: overlayfs refuses `MOUNT_ATTR_IDMAP`.)
 //! A writable stack that still comes up read-only is reported as an error.
+//!
+//! # The source names the image
+//!
+//! Both the EROFS layer and the overlay are mounted with `source` set to the
+//! image file's absolute path, and that is a contract, not a label: nothing
+//! of cairn runs while an image stays mounted, so the store's garbage
+//! collector (`cairn_store::Store::live_mounts`) learns which images are in
+//! use only from the kernel's mount tables. It reads each entry back through
+//! [`mounted_image`], takes the file name of the path (an image is named by
+//! its digest) and keeps that image and every object it reaches. Mounting
+//! with any other source would let gc delete the files of a mounted image.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -47,6 +58,7 @@ use rustix::mount::{move_mount, MountAttrFlags, MoveMountFlags};
 use crate::bind::clone_tree;
 use crate::error::{Action, MountError, StepFailure};
 use crate::fscontext::{fd_path, fd_subpath, FsContext};
+use crate::mountinfo::MountEntry;
 use crate::probe::{probe, verity_support_of, Feature, MissingFeature, Support};
 use crate::sys;
 use crate::userns::{IdMap, UserNamespace};
@@ -164,6 +176,15 @@ impl AsFd for PreparedMount {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.overlay.as_fd()
     }
+}
+
+/// The image file a mount of cairn's was made from, as its mount table
+/// entry names it: the `source` of an overlay or EROFS mount (see "The
+/// source names the image" in the module docs). `None` for other
+/// filesystems. The path is the one the mounter gave, as it resolved in the
+/// mounter's mount namespace, so callers match on its file name.
+pub fn mounted_image(entry: &MountEntry) -> Option<&Path> {
+    matches!(entry.fs_type.as_str(), "overlay" | "erofs").then(|| Path::new(&entry.source))
 }
 
 /// Mounts the image stack described by `opts` on `opts.target`.
@@ -293,6 +314,8 @@ fn idmap(fd: &OwnedFd, userns: Option<&UserNamespace>) -> Result<(), StepFailure
 fn mount_erofs(image: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, MountError> {
     let run = || {
         let ctx = FsContext::open("erofs")?;
+        // The image path as the source: gc's liveness check reads it back
+        // (module docs, "The source names the image").
         ctx.set_string("source", image)?;
         // Default options otherwise: user_xattr and acl must stay (the image
         // carries user xattrs and POSIX ACLs; noacl would hide them, and was
@@ -495,6 +518,7 @@ fn mount_overlay(
     let fail = |f| MountError::step(Action::MountOverlay, opts.target, f);
     let run = || {
         let ctx = FsContext::open("overlay")?;
+        // As for the EROFS layer: gc finds the image in use by this source.
         ctx.set_string("source", image)?;
         let meta = fd_path(erofs.as_fd());
         let data = fd_path(objects.as_fd());

@@ -352,7 +352,7 @@ fn privileged_probe_finds_the_stack_features_and_leaves_nothing() {
             .collect::<Vec<_>>();
         features
             .require(&needed)
-            .expect("this machine has the whole stack (see MACHINE-NOTES)");
+            .expect("this machine has the whole stack (see docs/machines.md)");
         assert_eq!(
             features.has(Feature::OverlayLayerAppend),
             probe().has(Feature::OverlayLayerAppend)

@@ -63,9 +63,15 @@ pub fn detect() -> Layout {
             .map(|s| s.f_type as i64)
             .unwrap_or_default()
     };
-    match magic(CGROUP_ROOT) {
+    classify(magic(CGROUP_ROOT), || magic("/sys/fs/cgroup/unified"))
+}
+
+/// The layout from the filesystem type of `/sys/fs/cgroup` and (asked only
+/// when that is a tmpfs) of `/sys/fs/cgroup/unified`.
+fn classify(root: i64, unified: impl FnOnce() -> i64) -> Layout {
+    match root {
         CGROUP2_SUPER_MAGIC => Layout::Unified,
-        TMPFS_MAGIC if magic("/sys/fs/cgroup/unified") == CGROUP2_SUPER_MAGIC => Layout::Hybrid,
+        TMPFS_MAGIC if unified() == CGROUP2_SUPER_MAGIC => Layout::Hybrid,
         _ => Layout::Legacy,
     }
 }
@@ -108,21 +114,11 @@ fn own_path(pick: impl Fn(&str) -> bool) -> String {
 
 /// Where the v1 hierarchy holding `controller` is mounted.
 fn v1_mount(controller: &str) -> Option<PathBuf> {
-    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    for line in text.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mut r = right.split(' ');
-        if r.next() != Some("cgroup") {
-            continue;
-        }
-        let super_opts = r.nth(1).unwrap_or("");
-        if super_opts.split(',').any(|o| o == controller) {
-            return left.split(' ').nth(4).map(PathBuf::from);
-        }
-    }
-    None
+    let table = cairn_mount::mount_table().ok()?;
+    table
+        .into_iter()
+        .find(|m| m.fs_type == "cgroup" && m.super_options.split(',').any(|o| o == controller))
+        .map(|m| m.mount_point)
 }
 
 /// The prefix of a hybrid host's container groups: `cairn-<id>`.
@@ -313,47 +309,10 @@ fn rmdir_tree(g: &Path) -> io::Result<()> {
     }
 }
 
-/// Every cairn group on this host, in every hierarchy (for tests and
-/// diagnostics): `cairn` parents and flat `cairn-<id>` groups.
-pub fn stray_groups() -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(top) = fs::read_dir(CGROUP_ROOT) else {
-        return out;
-    };
-    let mut roots: Vec<PathBuf> = vec![PathBuf::from(CGROUP_ROOT)];
-    roots.extend(top.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
-    for root in roots {
-        find_cairn(&root, 0, &mut out);
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
 /// Whether `name` is a flat container group, `cairn-<64 hex digits>`.
 pub fn is_container_group(name: &str) -> bool {
     name.strip_prefix(GROUP_PREFIX)
         .is_some_and(|id| id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
-fn find_cairn(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-    if depth > 6 {
-        return;
-    }
-    let Ok(rd) = fs::read_dir(dir) else { return };
-    for e in rd.flatten() {
-        if !e.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let p = e.path();
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        if name == "cairn" || is_container_group(&name) {
-            out.push(p);
-        } else {
-            find_cairn(&p, depth + 1, out);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -361,10 +320,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn detects_some_layout_and_own_paths() {
-        // Any host has one; this one is hybrid, CI may differ.
-        let _ = detect();
-        assert!(own_path(|_| true).starts_with('/'));
+    fn classifies_the_three_layouts() {
+        let never = || panic!("/sys/fs/cgroup/unified looked at");
+        assert_eq!(classify(CGROUP2_SUPER_MAGIC, never), Layout::Unified);
+        assert_eq!(
+            classify(TMPFS_MAGIC, || CGROUP2_SUPER_MAGIC),
+            Layout::Hybrid
+        );
+        assert_eq!(classify(TMPFS_MAGIC, || TMPFS_MAGIC), Layout::Legacy);
+        assert_eq!(classify(TMPFS_MAGIC, || 0), Layout::Legacy);
+    }
+
+    /// statfs (what `detect` asks) and the mount table (what this test
+    /// reads) must tell the same story about this host, whichever it is.
+    #[test]
+    fn detect_agrees_with_the_mount_table() {
+        let table = cairn_mount::mount_table().expect("reading the mount table");
+        let fs_at = |p: &str| {
+            table
+                .iter()
+                .rev()
+                .find(|m| m.mount_point == Path::new(p))
+                .map(|m| m.fs_type.as_str())
+        };
+        let expected = match (fs_at(CGROUP_ROOT), fs_at("/sys/fs/cgroup/unified")) {
+            (Some("cgroup2"), _) => Layout::Unified,
+            (Some("tmpfs"), Some("cgroup2")) => Layout::Hybrid,
+            _ => Layout::Legacy,
+        };
+        assert_eq!(detect(), expected);
+    }
+
+    /// The group this process is in, as `own_path` reads it, is a directory
+    /// of the hierarchy it names.
+    #[test]
+    fn own_path_names_a_group_that_exists() {
+        let (base, own) = match detect() {
+            Layout::Unified => (PathBuf::from(CGROUP_ROOT), own_path(|c| c.is_empty())),
+            Layout::Hybrid => (
+                PathBuf::from("/sys/fs/cgroup/unified"),
+                own_path(|c| c.is_empty()),
+            ),
+            Layout::Legacy => (
+                v1_mount("pids").expect("a legacy host has a pids hierarchy"),
+                own_path(|c| c.split(',').any(|x| x == "pids")),
+            ),
+        };
+        let group = base.join(own.trim_start_matches('/'));
+        assert!(group.is_dir(), "{} is not a directory", group.display());
     }
 
     #[test]

@@ -317,14 +317,9 @@ pub fn validate_name(name: &str) -> Result<(), RunError> {
 #[derive(Debug)]
 pub struct Locked {
     pub dir: PathBuf,
-    lock: File,
-}
-
-impl Locked {
-    /// The lock file, for passing the lock to a forked monitor.
-    pub fn lock_file(&self) -> &File {
-        &self.lock
-    }
+    /// Never read: the open file holds the `flock`, which goes when this is
+    /// dropped (or with the process).
+    _lock: File,
 }
 
 fn io_err(what: &str, path: &Path, e: io::Error) -> RunError {
@@ -348,7 +343,7 @@ pub fn create_dir(paths: &Paths, id: &str) -> Result<Locked, RunError> {
     let lock = open_lock(&dir)?;
     flock(&lock, FlockOperation::LockExclusive)
         .map_err(|e| io_err("locking", &dir.join("lock"), e.into()))?;
-    Ok(Locked { dir, lock })
+    Ok(Locked { dir, _lock: lock })
 }
 
 /// Opens (creating) the `lock` file of a container or listener directory.
@@ -380,7 +375,7 @@ pub fn try_lock(dir: &Path) -> Result<Option<Locked>, RunError> {
     match flock(&lock, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(Some(Locked {
             dir: dir.to_path_buf(),
-            lock,
+            _lock: lock,
         })),
         Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
         Err(e) => Err(io_err("locking", &path, e.into())),

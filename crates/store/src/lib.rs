@@ -103,7 +103,7 @@ pub use gc::{GcOptions, GcReport, Removed};
 pub use graph::{BadPayload, ImageContents, ObjectUse};
 pub use image::{is_image_digest, ImageWriter, Images};
 pub use kernel::VeritySupport;
-pub use lock::{LockKind, StoreLock};
+pub use lock::{flock_waiters, LockKind, StoreLock};
 pub use mounts::LiveMount;
 pub use object::{ObjectBatch, ObjectLookup, Objects};
 pub use private::{
@@ -113,7 +113,7 @@ pub use private::{
 pub use record::{
     image_name_for, is_diff_id, ref_name_for, ImageRecord, ImageRecordLayer, LayerRecord,
     LayerRecordWriter, ObjectShard, ObjectStager, StagedObject, LAYER_ENTRIES_FILE, LAYER_FORMAT,
-    LAYER_RECORD_FILE,
+    LAYER_RECORD_FILE, OPAQUE_MARKER, WHITEOUT_PREFIX,
 };
 pub use refs::{validate_ref_name, MAX_REF_NAME};
 pub use resolve::{ImageSource, ResolvedImage, MIN_DIGEST_PREFIX};

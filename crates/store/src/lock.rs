@@ -11,8 +11,9 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rustix::fs::FlockOperation;
 use rustix::io::Errno;
@@ -106,4 +107,33 @@ impl Store {
     pub fn try_lock_exclusive(&self) -> Result<Option<StoreLock>, StoreError> {
         self.lock(LockKind::Exclusive, false)
     }
+}
+
+/// Test hook, not part of the API: the process ids of every task blocked in
+/// `flock(2)` waiting for the file at `path`, as `/proc/locks` lists them
+/// (a `->` line under the holder; the file is matched by inode number).
+///
+/// Lets a test wait until a contender really is waiting for a lock, instead
+/// of sleeping and assuming it is: the kernel adds the line when the task
+/// blocks and removes it when the task gets the lock or gives up. Empty if
+/// the file or `/proc/locks` cannot be read.
+#[doc(hidden)]
+pub fn flock_waiters(path: &Path) -> Vec<u32> {
+    let Ok(inode) = std::fs::metadata(path).map(|m| m.ino()) else {
+        return Vec::new();
+    };
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    // `1: -> FLOCK  ADVISORY  WRITE <pid> <maj>:<min>:<inode> 0 EOF`
+    locks
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace().skip(1);
+            if fields.next() != Some("->") || fields.next() != Some("FLOCK") {
+                return None;
+            }
+            let pid = fields.nth(2)?.parse().ok()?;
+            let ino = fields.next()?.rsplit(':').next()?.parse::<u64>().ok()?;
+            (ino == inode).then_some(pid)
+        })
+        .collect()
 }

@@ -3,10 +3,13 @@
 //!
 //! `cairn mount` exits once the mount is attached, so nothing of cairn's
 //! runs while an image is in use; the kernel's mount tables are the record.
-//! cairn mounts an image as overlayfs with `source=<root>/images/<digest>`
-//! (the EROFS layer under it is detached and appears nowhere), so an
-//! overlay or EROFS mount whose source's file name is an image digest of
-//! this store keeps that image, and everything it reaches, alive. No file
+//! The mount crate mounts an image as overlayfs with
+//! `source=<root>/images/<digest>` (the EROFS layer under it is detached and
+//! appears nowhere) and reads that back with `cairn_mount::mounted_image`;
+//! both sides of this contract are written down in `cairn_mount::stack`
+//! ("The source names the image"). An overlay or EROFS mount whose source's
+//! file name is an image digest of this store keeps that image, and
+//! everything it reaches, alive. No file
 //! under the store records mounts: a file would go stale on `umount(8)`, a
 //! crash or a dying namespace, the mount table cannot.
 //!
@@ -26,6 +29,8 @@
 use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
+
+use cairn_mount::{mount_table_of, mounted_image, MountEntry};
 
 use crate::image::is_image_digest;
 use crate::{Store, StoreError};
@@ -52,11 +57,11 @@ impl Store {
     /// run).
     pub fn live_mounts(&self) -> Result<Vec<LiveMount>, StoreError> {
         let own = Path::new("/proc/thread-self/mountinfo");
-        let text =
-            fs::read(own).map_err(|e| StoreError::io("reading mount table", own, &self.root, e))?;
+        let table = mount_table_of(own)
+            .map_err(|e| StoreError::io("reading mount table", own, &self.root, e))?;
         let self_pid = std::process::id();
         let mut found = Vec::new();
-        self.collect(&text, self_pid, &mut found);
+        self.collect(&table, self_pid, &mut found);
         let mut seen = HashSet::new();
         if let Ok(ns) = fs::read_link("/proc/thread-self/ns/mnt") {
             seen.insert(ns);
@@ -78,8 +83,8 @@ impl Store {
             if !seen.insert(ns) {
                 continue;
             }
-            if let Ok(text) = fs::read(format!("/proc/{pid}/mountinfo")) {
-                self.collect(&text, pid, &mut found);
+            if let Ok(table) = mount_table_of(Path::new(&format!("/proc/{pid}/mountinfo"))) {
+                self.collect(&table, pid, &mut found);
             }
         }
         found.sort();
@@ -87,27 +92,29 @@ impl Store {
         Ok(found)
     }
 
-    fn collect(&self, mountinfo: &[u8], pid: u32, out: &mut Vec<LiveMount>) {
+    /// Adds the mounts of `table` (the mount namespace of `pid`) that use
+    /// one of this store's images.
+    fn collect(&self, table: &[MountEntry], pid: u32, out: &mut Vec<LiveMount>) {
         let images_dir = self.images_dir();
         let images_real = fs::canonicalize(&images_dir).ok();
-        for m in parse_mountinfo(mountinfo) {
-            if m.fs_type != "overlay" && m.fs_type != "erofs" {
+        for m in table {
+            let Some(image) = mounted_image(m) else {
                 continue;
-            }
-            let Some(digest) = Path::new(&m.source).file_name().and_then(|n| n.to_str()) else {
+            };
+            let Some(digest) = image.file_name().and_then(|n| n.to_str()) else {
                 continue;
             };
             if !is_image_digest(digest) {
                 continue;
             }
             let in_store = self.has_image(digest);
-            let parent = Path::new(&m.source).parent();
+            let parent = image.parent();
             let ours = parent == Some(images_dir.as_path()) || parent == images_real.as_deref();
             if in_store || ours {
                 out.push(LiveMount {
                     digest: digest.to_owned(),
-                    mount_point: m.mount_point,
-                    fs_type: m.fs_type,
+                    mount_point: m.mount_point.clone(),
+                    fs_type: m.fs_type.clone(),
                     pid,
                     in_store,
                 });
@@ -116,76 +123,35 @@ impl Store {
     }
 }
 
-/// The fields of a mountinfo line this module needs.
-#[derive(Debug, PartialEq, Eq)]
-struct MountLine {
-    mount_point: PathBuf,
-    fs_type: String,
-    source: String,
-}
-
-/// Parses `/proc/<pid>/mountinfo` (proc(5)); malformed lines are skipped.
-fn parse_mountinfo(text: &[u8]) -> Vec<MountLine> {
-    use std::os::unix::ffi::OsStringExt;
-    let mut out = Vec::new();
-    for line in text.split(|b| *b == b'\n') {
-        let fields: Vec<&[u8]> = line.split(|b| *b == b' ').collect();
-        let Some(sep) = fields.iter().position(|f| *f == b"-") else {
-            continue;
-        };
-        if sep < 6 || fields.len() < sep + 3 {
-            continue;
-        }
-        out.push(MountLine {
-            mount_point: PathBuf::from(std::ffi::OsString::from_vec(unescape(fields[4]))),
-            fs_type: String::from_utf8_lossy(&unescape(fields[sep + 1])).into_owned(),
-            source: String::from_utf8_lossy(&unescape(fields[sep + 2])).into_owned(),
-        });
-    }
-    out
-}
-
-/// Undoes the kernel's `\ooo` escapes of space, tab, newline and backslash.
-fn unescape(field: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while let Some(&b) = field.get(i) {
-        if b == b'\\' {
-            if let Some(d) = field.get(i + 1..i + 4) {
-                if d.iter().all(|c| (b'0'..=b'7').contains(c)) {
-                    let v = u32::from(d[0] - b'0') * 64
-                        + u32::from(d[1] - b'0') * 8
-                        + u32::from(d[2] - b'0');
-                    if let Ok(byte) = u8::try_from(v) {
-                        out.push(byte);
-                        i += 4;
-                        continue;
-                    }
-                }
-            }
-        }
-        out.push(b);
-        i += 1;
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    use cairn_mount::parse_mountinfo;
+
     use super::*;
 
+    /// An overlay mounted from some `images/<digest>` is live by its digest
+    /// even when that path is not this store's (another namespace's view of
+    /// it): the contract with `cairn_mount::mounted_image`.
     #[test]
-    fn parses_overlay_sources_with_escapes() {
+    fn an_overlay_source_ending_in_an_image_digest_is_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
         let d = "a".repeat(64);
         let text = format!(
             "27 1 254:0 / / rw - ext4 /dev/vda rw\n\
-             88 27 0:52 / /tmp/my\\040mnt rw,relatime shared:5 - overlay /var/lib/cairn/images/{d} ro,lowerdir+=/proc/self/fd/7\n\
-             junk\n"
+             88 27 0:52 / /tmp/my\\040mnt rw,relatime shared:5 - overlay /elsewhere/images/{d} ro\n\
+             89 27 0:53 / /tmp/other rw - overlay {}/images/{} ro\n",
+            dir.path().display(),
+            "b".repeat(64)
         );
-        let lines = parse_mountinfo(text.as_bytes());
-        assert_eq!(lines.len(), 2);
-        assert_eq!(lines[1].mount_point, Path::new("/tmp/my mnt"));
-        assert_eq!(lines[1].fs_type, "overlay");
-        assert_eq!(lines[1].source, format!("/var/lib/cairn/images/{d}"));
+        let mut found = Vec::new();
+        store.collect(&parse_mountinfo(text.as_bytes()), 7, &mut found);
+        // The first is not in the store and not under its images/: not ours.
+        // The second is under this store's images/ though the image is gone.
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].digest, "b".repeat(64));
+        assert_eq!(found[0].mount_point, Path::new("/tmp/other"));
+        assert!(!found[0].in_store);
+        assert_eq!(found[0].pid, 7);
     }
 }

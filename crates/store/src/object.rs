@@ -4,8 +4,10 @@
 //! This module owns the publication of objects: hash, stage under `tmp/`,
 //! fsync, make read-only, seal with fs-verity where the kernel can, then
 //! `rename(2)` without replacing. It must never modify or remove an object
-//! once published (garbage collection, a later issue, is the only remover),
-//! and never publish a file whose content does not match its name.
+//! once published, and never publish a file whose content does not match
+//! its name. Only two places remove objects: garbage collection (`gc.rs`,
+//! unreachable ones) and `fsck --repair` (`fsck.rs`, corrupt ones), both
+//! through `Store::remove_entry`.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};

@@ -28,11 +28,13 @@
 //!
 //! - PATH is the entry's path cleaned as the image root's (`/a/b`; `/` for
 //!   the root itself); `..` never climbs above the root.
-//! - **Whiteouts** stay what the OCI layer says: an entry `.wh.NAME`, a
-//!   character device 0:0, deletes `NAME` of the layers below;
-//!   `.wh..wh..opq` empties its directory of what the layers below put in
-//!   it. Names starting with `.wh.` are reserved by the image spec, so no
-//!   real entry has one.
+//! - **Whiteouts** stay what the OCI layer says: an entry `.wh.NAME`
+//!   ([`WHITEOUT_PREFIX`]), a character device 0:0, deletes `NAME` of the
+//!   layers below; `.wh..wh..opq` ([`OPAQUE_MARKER`]) empties its directory
+//!   of what the layers below put in it. Names starting with `.wh.` are
+//!   reserved by the image spec, so no real entry has one. These two
+//!   markers are defined here, once, for the code that writes records and
+//!   the code that applies them (both in `cairn_image`).
 //! - **Hardlinks** are hardlink lines (`@` before MODE) whose PAYLOAD is the
 //!   target path, resolved when the layer is applied.
 //! - Regular files hold inline CONTENT (up to 64 bytes) or name their object
@@ -80,6 +82,12 @@ pub const LAYER_ENTRIES_FILE: &str = "entries";
 /// entry made; a store's format-1 records are replaced when the layer is
 /// imported again, and `fsck` reports them.
 pub const LAYER_FORMAT: u32 = 2;
+/// The name prefix of a whiteout entry in a layer record: `.wh.NAME`
+/// deletes `NAME` of the layers below (see "The layer entries" above).
+pub const WHITEOUT_PREFIX: &[u8] = b".wh.";
+/// The name of an opaque-directory marker in a layer record: it empties its
+/// directory of what the layers below put there.
+pub const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 /// Largest record file read back (records are small; a bigger one is corrupt).
 const MAX_RECORD_JSON: u64 = 64 << 20;
 

@@ -439,17 +439,27 @@ fn lock_shared_and_exclusive() {
     let other = Store::open(store.root()).unwrap();
     assert!(other.try_lock_shared().unwrap().is_none());
 
-    // A blocking exclusive lock waits for the holder.
+    // A blocking exclusive lock waits for the holder: the waiter shows in
+    // /proc/locks as blocked before the holder lets go, and gets the lock
+    // only after. Had it not blocked, it would have sent first.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         s.spawn(|| {
             let _l = other.lock_exclusive().unwrap();
             tx.send(()).unwrap();
         });
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while flock_waiters(&store.lock_path()).is_empty() {
+            assert!(rx.try_recv().is_err(), "got the lock while it was held");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never blocked on the lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert!(rx.try_recv().is_err(), "got the lock while it was held");
         drop(x);
-        rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+        rx.recv().unwrap();
     });
     assert!(store.try_lock_exclusive().unwrap().is_some());
 }

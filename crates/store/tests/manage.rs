@@ -464,7 +464,17 @@ fn gc_clears_dead_writers_staging_but_waits_for_live_writers() {
         tx.send(()).unwrap();
         r
     });
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // gc shows in /proc/locks as blocked on the store lock; had it not
+    // waited, it would have finished (and sent) first.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while cairn_store::flock_waiters(&writer.lock_path()).is_empty() {
+        assert!(rx.try_recv().is_err(), "gc must wait for the writer's lock");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gc never blocked on the store lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     assert!(rx.try_recv().is_err(), "gc must wait for the writer's lock");
     // The writer names what it wrote, then lets go.
     let img2 = add_image(&writer, &[("g", &content(2, 3_000))]);

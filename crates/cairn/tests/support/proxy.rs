@@ -8,7 +8,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -25,6 +25,9 @@ struct Shared {
     connections: AtomicU64,
     bytes_down: AtomicU64,
     stop: AtomicBool,
+    /// While true, nothing more is sent to any client.
+    paused: Mutex<bool>,
+    resumed: Condvar,
 }
 
 impl SlowProxy {
@@ -39,6 +42,8 @@ impl SlowProxy {
             connections: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            paused: Mutex::new(false),
+            resumed: Condvar::new(),
         });
         let upstream = upstream.to_owned();
         let s = Arc::clone(&shared);
@@ -68,6 +73,19 @@ impl SlowProxy {
             .store(d.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// Sends nothing more to any client (after the chunk in flight, if
+    /// any) until [`resume`](Self::resume): a download stalls for as long
+    /// as a test needs, however slow the machine.
+    pub fn pause(&self) {
+        *self.shared.paused.lock().unwrap() = true;
+    }
+
+    /// Undoes [`pause`](Self::pause).
+    pub fn resume(&self) {
+        *self.shared.paused.lock().unwrap() = false;
+        self.shared.resumed.notify_all();
+    }
+
     /// Connections accepted so far.
     pub fn connections(&self) -> u64 {
         self.shared.connections.load(Ordering::Relaxed)
@@ -81,6 +99,7 @@ impl SlowProxy {
 
 impl Drop for SlowProxy {
     fn drop(&mut self) {
+        self.resume();
         self.shared.stop.store(true, Ordering::Relaxed);
         // Wake the accept loop so it sees `stop`.
         let _ = TcpStream::connect(&self.addr);
@@ -116,6 +135,11 @@ fn relay(client: TcpStream, server: TcpStream, s: Arc<Shared>) {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    let mut paused = s.paused.lock().unwrap();
+                    while *paused {
+                        paused = s.resumed.wait(paused).unwrap();
+                    }
+                    drop(paused);
                     if to.write_all(&buf[..n]).is_err() {
                         break;
                     }

@@ -1,47 +1,17 @@
-//! Tree → EROFS image in the composefs format, byte for byte what
-//! composefs' `mkcomposefs` writes for the same tree.
-//!
-//! The writer is a pure function of the tree and the options: no clock, no
-//! random UUID, sorted containers only. It works in two passes, as the
-//! reference does: first it lays every inode out (breadth-first over the
-//! primary directory entries, names sorted bytewise), deciding inode sizes,
-//! inline tails, padding and block addresses; then it emits the header,
-//! superblock, inode table, shared xattrs and data blocks in one forward
-//! stream. Nothing but the tree's own metadata (and small inline files) is
-//! held in memory.
-//!
-//! What composefs adds on the way, and this writer therefore adds too:
-//! - `trusted.overlay.*` xattrs of the tree are escaped to
-//!   `trusted.overlay.overlay.*`, so overlayfs shows them as they were;
-//! - regular files whose data lives in the object store get
-//!   `trusted.overlay.metacopy` (with the fs-verity digest when known) and
-//!   `trusted.overlay.redirect=/ab/cdef…`, and a chunk table of holes;
-//! - whiteouts (char 0:0) in the tree become escaped whiteouts (regular
-//!   files marked with xattrs) so overlayfs passes them through;
-//! - the root gets `trusted.overlay.opaque=y` and 256 real whiteouts `00`…`ff`
-//!   (hiding the object store's fan-out directories when it is stacked the
-//!   old `lowerdir=meta::objects` way);
-//! - every directory gets `.` and `..` entries.
+//! The first pass: every inode's place in the image (breadth-first over the
+//! primary directory entries, names sorted bytewise), its size, inline tail,
+//! padding and block address, and the xattrs composefs adds or escapes.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::io::Write;
 
-use zerocopy::IntoBytes;
-
-use crate::format::*;
+use super::*;
 use crate::tree::{
-    FileType, InodeData, InodeId, Mtime, Tree, MAX_INLINE_CONTENT, MAX_PATH_LEN, ROOT, S_IFCHR,
-    S_IFMT, S_IFREG,
+    FileType, InodeData, MAX_INLINE_CONTENT, MAX_PATH_LEN, ROOT, S_IFCHR, S_IFMT, S_IFREG,
 };
-use crate::Error;
-
-/// Largest composefs format version this writer produces.
-pub const MAX_FORMAT_VERSION: u32 = 1;
 
 /// Non-inline files are described by at most this many chunk pointers.
 const MAX_NONINLINE_CHUNKS: u64 = 1024;
-const MAX_CHUNK_BITS: u32 = CHUNK_FORMAT_BLKBITS_MASK as u32 + BLKSIZ_BITS as u32;
 /// Largest total of xattr key and value bytes one inode may carry (as composefs).
 const MAX_INODE_XATTR_BYTES: usize = u16::MAX as usize / 2;
 
@@ -57,158 +27,8 @@ const XATTR_USER_WHITEOUT: &[u8] = b"user.overlay.whiteout";
 const XATTR_USER_WHITEOUTS: &[u8] = b"user.overlay.whiteouts";
 const XATTR_USER_OPAQUE: &[u8] = b"user.overlay.opaque";
 
-/// Which composefs format version to write.
-///
-/// As with `mkcomposefs --min-version/--max-version`: the image is written
-/// as `min_version`, raised up to `max_version` only where the tree needs a
-/// newer feature (whiteouts inside the image need version 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WriteOptions {
-    pub min_version: u32,
-    pub max_version: u32,
-}
-
-impl Default for WriteOptions {
-    fn default() -> Self {
-        WriteOptions {
-            min_version: 0,
-            max_version: 1,
-        }
-    }
-}
-
-impl WriteOptions {
-    /// Exactly version `v`, never raised.
-    pub fn pinned(v: u32) -> Self {
-        WriteOptions {
-            min_version: v,
-            max_version: v,
-        }
-    }
-}
-
-/// What the writer produced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImageInfo {
-    /// The composefs format version written.
-    pub version: u32,
-    /// Number of inodes in the image (synthetic root whiteouts included).
-    pub inodes: u64,
-    /// Total image size in bytes.
-    pub size: u64,
-}
-
-/// Writes `tree` as a composefs EROFS image to `out`.
-pub fn mkfs_erofs(
-    tree: &Tree,
-    opts: &WriteOptions,
-    out: &mut impl Write,
-) -> Result<ImageInfo, Error> {
-    let mut version = opts.min_version;
-    let max_version = opts.max_version.max(opts.min_version);
-    if max_version > MAX_FORMAT_VERSION {
-        return Err(Error::UnsupportedVersion(max_version));
-    }
-    if version < 1 && max_version >= 1 && has_whiteout(tree) {
-        version = 1;
-    }
-    let mut layout = Layout::build(tree, version)?;
-    layout.place()?;
-    let mut w = CountingWriter { inner: out, pos: 0 };
-    layout.emit(&mut w)?;
-    Ok(ImageInfo {
-        version,
-        inodes: layout.nodes.len() as u64,
-        size: w.pos,
-    })
-}
-
-/// Writes `tree` to a byte vector (for tests and small images).
-pub fn mkfs_erofs_to_vec(tree: &Tree, opts: &WriteOptions) -> Result<Vec<u8>, Error> {
-    let mut v = Vec::new();
-    mkfs_erofs(tree, opts, &mut v)?;
-    Ok(v)
-}
-
-fn has_whiteout(tree: &Tree) -> bool {
-    let mut found = false;
-    tree.walk(|_, id, e| {
-        if !e.hardlink && tree.inode(id).is_whiteout() {
-            found = true;
-        }
-    });
-    found
-}
-
-/// One inode as the image will hold it.
-struct Node<'t> {
-    parent: usize,
-    /// Where the inode came from (for error messages); `None` for synthesized ones.
-    source: Option<InodeId>,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    nlink: u32,
-    rdev: u64,
-    size: u64,
-    mtime: Mtime,
-    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
-    body: Body<'t>,
-    // Layout, filled in by `place`.
-    compact: bool,
-    n_blocks: u64,
-    tail: u64,
-    ipad: u64,
-    xattr_size: u64,
-    nid: u64,
-    /// Per xattr (same order as `xattrs`): offset into the shared area.
-    shared: Vec<Option<u64>>,
-}
-
-enum Body<'t> {
-    Dir(Vec<Child<'t>>),
-    Regular { content: Option<&'t [u8]> },
-    Symlink(&'t [u8]),
-    Special,
-}
-
-struct Child<'t> {
-    name: Cow<'t, [u8]>,
-    target: Target,
-}
-
-#[derive(Clone, Copy)]
-enum Target {
-    Node(usize),
-    /// A secondary name, resolved once every primary has a node.
-    Link(InodeId),
-}
-
-impl Child<'_> {
-    fn node(&self) -> usize {
-        match self.target {
-            Target::Node(n) => n,
-            // `resolve_links` leaves none of these behind.
-            Target::Link(_) => usize::MAX,
-        }
-    }
-}
-
-struct Layout<'t> {
-    tree: &'t Tree,
-    version: u32,
-    nodes: Vec<Node<'t>>,
-    min_mtime: Mtime,
-    has_acl: bool,
-    /// Shared xattrs in the order written, with their byte sizes.
-    shared_xattrs: Vec<(Vec<u8>, Vec<u8>)>,
-    shared_size: u64,
-    inodes_end: u64,
-    n_data_blocks: u64,
-}
-
 impl<'t> Layout<'t> {
-    fn build(tree: &'t Tree, version: u32) -> Result<Layout<'t>, Error> {
+    pub(super) fn build(tree: &'t Tree, version: u32) -> Result<Layout<'t>, Error> {
         let mut layout = Layout {
             tree,
             version,
@@ -227,7 +47,7 @@ impl<'t> Layout<'t> {
         Ok(layout)
     }
 
-    fn path_of(&self, idx: usize) -> String {
+    pub(super) fn path_of(&self, idx: usize) -> String {
         // Names are found by scanning the parent's children: only used on errors.
         let mut parts = Vec::new();
         let mut cur = idx;
@@ -612,7 +432,7 @@ impl<'t> Layout<'t> {
     }
 
     /// First pass: sizes, tails, padding and node ids.
-    fn place(&mut self) -> Result<(), Error> {
+    pub(super) fn place(&mut self) -> Result<(), Error> {
         let mut pos = SUPER_OFFSET + size_of::<SuperBlock>() as u64;
         let meta_start = round_down(pos, BLKSIZ);
         for idx in 0..self.nodes.len() {
@@ -685,218 +505,6 @@ impl<'t> Layout<'t> {
         };
         size <= u64::from(u32::MAX)
     }
-
-    /// Second pass: the bytes.
-    fn emit<W: Write>(&self, w: &mut CountingWriter<W>) -> Result<(), Error> {
-        let data_start = round_up(self.inodes_end + self.shared_size, BLKSIZ);
-
-        let header = ComposefsHeader {
-            magic: COMPOSEFS_MAGIC.into(),
-            version: COMPOSEFS_HEADER_VERSION.into(),
-            flags: if self.has_acl {
-                COMPOSEFS_FLAGS_HAS_ACL
-            } else {
-                0
-            }
-            .into(),
-            composefs_version: self.version.into(),
-            unused: Default::default(),
-        };
-        w.write(header.as_bytes())?;
-        w.pad_to(SUPER_OFFSET)?;
-
-        let blocks = data_start / BLKSIZ + self.n_data_blocks;
-        let sb = SuperBlock {
-            magic: SUPER_MAGIC_V1.into(),
-            feature_compat: (FEATURE_COMPAT_MTIME | FEATURE_COMPAT_XATTR_FILTER).into(),
-            blkszbits: BLKSIZ_BITS,
-            root_nid: (self.nodes[0].nid as u16).into(),
-            inos: (self.nodes.len() as u64).into(),
-            build_time: (self.min_mtime.sec as u64).into(),
-            build_time_nsec: self.min_mtime.nsec.into(),
-            blocks: u32::try_from(blocks)
-                .map_err(|_| Error::Invalid(format!("image of {blocks} blocks is too large")))?
-                .into(),
-            meta_blkaddr: (((SUPER_OFFSET + size_of::<SuperBlock>() as u64) / BLKSIZ) as u32)
-                .into(),
-            xattr_blkaddr: ((self.inodes_end / BLKSIZ) as u32).into(),
-            ..Default::default()
-        };
-        w.write(sb.as_bytes())?;
-
-        let mut current_end = data_start;
-        for (idx, n) in self.nodes.iter().enumerate() {
-            self.emit_inode(w, idx, n, &mut current_end)?;
-        }
-        w.align(SLOTSIZE)?;
-        check_pos(w.pos, self.inodes_end, "inode table")?;
-
-        for (k, v) in &self.shared_xattrs {
-            write_xattr(w, k, v)?;
-        }
-        w.align(BLKSIZ)?;
-        check_pos(w.pos, data_start, "data start")?;
-
-        for n in &self.nodes {
-            self.emit_blocks(w, n)?;
-        }
-        check_pos(w.pos, current_end, "data end")?;
-        check_pos(w.pos, data_start + self.n_data_blocks * BLKSIZ, "image end")?;
-        Ok(())
-    }
-
-    fn emit_inode<W: Write>(
-        &self,
-        w: &mut CountingWriter<W>,
-        idx: usize,
-        n: &Node<'_>,
-        current_end: &mut u64,
-    ) -> Result<(), Error> {
-        w.pad(n.ipad)?;
-        let icount = if n.xattr_size == 0 {
-            0
-        } else {
-            (n.xattr_size - size_of::<XattrIbodyHeader>() as u64) / 4 + 1
-        };
-        let icount = u16::try_from(icount).map_err(|_| Error::InvalidInode {
-            path: self.path_of(idx),
-            reason: "too many xattrs".into(),
-        })?;
-        let mut layout = if n.tail > 0 {
-            INODE_FLAT_INLINE
-        } else {
-            INODE_FLAT_PLAIN
-        };
-        let ft = FileType::from_mode(n.mode);
-        let mut chunk_format = None;
-        let size = match (&n.body, ft) {
-            (Body::Dir(_), _) => n.n_blocks * BLKSIZ + n.tail,
-            (Body::Regular { content }, _) => {
-                if n.size > 0 && content.is_none() {
-                    layout = INODE_CHUNK_BASED;
-                    chunk_format = Some((chunking(n.size).0 - u32::from(BLKSIZ_BITS)) as u16);
-                }
-                n.size
-            }
-            (Body::Symlink(_), _) if n.n_blocks == 0 => n.tail,
-            (Body::Symlink(_), _) => n.size,
-            _ => 0,
-        };
-        let mut i_u: u32 = 0;
-        match ft {
-            Some(FileType::CharDevice) | Some(FileType::BlockDevice) => i_u = n.rdev as u32,
-            Some(FileType::Directory) | Some(FileType::Regular) | Some(FileType::Symlink) => {
-                if n.n_blocks > 0 {
-                    i_u = (*current_end / BLKSIZ) as u32;
-                    *current_end += n.n_blocks * BLKSIZ;
-                }
-                if let Some(f) = chunk_format {
-                    i_u = (i_u & 0xFFFF_0000) | u32::from(f);
-                }
-            }
-            _ => {}
-        }
-        let format = (layout << I_DATALAYOUT_BIT) | (u16::from(!n.compact) << I_VERSION_BIT);
-        let ino = idx as u32;
-        if n.compact {
-            let i = InodeCompact {
-                i_format: format.into(),
-                i_xattr_icount: icount.into(),
-                i_mode: (n.mode as u16).into(),
-                i_nlink: (n.nlink as u16).into(),
-                i_size: (size as u32).into(),
-                i_u: i_u.into(),
-                i_ino: ino.into(),
-                i_uid: (n.uid as u16).into(),
-                i_gid: (n.gid as u16).into(),
-                ..Default::default()
-            };
-            w.write(i.as_bytes())?;
-        } else {
-            let i = InodeExtended {
-                i_format: format.into(),
-                i_xattr_icount: icount.into(),
-                i_mode: (n.mode as u16).into(),
-                i_size: size.into(),
-                i_u: i_u.into(),
-                i_ino: ino.into(),
-                i_uid: n.uid.into(),
-                i_gid: n.gid.into(),
-                i_mtime: (n.mtime.sec as u64).into(),
-                i_mtime_nsec: n.mtime.nsec.into(),
-                i_nlink: n.nlink.into(),
-                ..Default::default()
-            };
-            w.write(i.as_bytes())?;
-        }
-
-        if n.xattr_size > 0 {
-            let start = w.pos;
-            let n_shared = n.shared.iter().filter(|s| s.is_some()).count();
-            let hdr = XattrIbodyHeader {
-                h_name_filter: xattr_filter(&n.xattrs).into(),
-                h_shared_count: n_shared as u8,
-                h_reserved2: [0; 7],
-            };
-            w.write(hdr.as_bytes())?;
-            for off in n.shared.iter().flatten() {
-                let v = ((self.inodes_end % BLKSIZ + off) / 4) as u32;
-                w.write(&v.to_le_bytes())?;
-            }
-            for ((k, v), s) in n.xattrs.iter().zip(&n.shared) {
-                if s.is_none() {
-                    write_xattr(w, k, v)?;
-                }
-            }
-            check_pos(w.pos - start, n.xattr_size, "xattr area")?;
-        }
-
-        match &n.body {
-            Body::Dir(children) => write_dirents(w, &self.nodes, n, children, false, true)?,
-            Body::Symlink(t) if n.n_blocks == 0 => w.write(t)?,
-            Body::Regular { content } if n.tail > 0 => match content {
-                Some(c) => {
-                    let start = c.len() - n.tail as usize;
-                    w.write(&c[start..])?;
-                }
-                None => w.write_null_chunks(chunking(n.size).1)?,
-            },
-            _ => {}
-        }
-        Ok(())
-    }
-
-    fn emit_blocks<W: Write>(&self, w: &mut CountingWriter<W>, n: &Node<'_>) -> Result<(), Error> {
-        if let Body::Dir(children) = &n.body {
-            write_dirents(w, &self.nodes, n, children, true, false)?;
-        }
-        if n.n_blocks == 0 {
-            return Ok(());
-        }
-        let data: &[u8] = match &n.body {
-            Body::Regular { content: Some(c) } => c,
-            Body::Regular { content: None } => {
-                w.write_null_chunks(BLKSIZ / 4)?;
-                return Ok(());
-            }
-            Body::Symlink(t) => t,
-            _ => return Ok(()),
-        };
-        let body_len = (n.n_blocks * BLKSIZ).min(data.len() as u64) as usize;
-        w.write(&data[..body_len])?;
-        w.align(BLKSIZ)?;
-        Ok(())
-    }
-}
-
-fn check_pos(actual: u64, expected: u64, what: &str) -> Result<(), Error> {
-    if actual == expected {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "internal layout error: {what} at byte {actual}, expected {expected}"
-        )))
-    }
 }
 
 /// Sets (or replaces) an xattr in an unsorted list.
@@ -905,18 +513,6 @@ fn set_xattr(xattrs: &mut Vec<(Vec<u8>, Vec<u8>)>, key: &[u8], value: &[u8]) {
         Some((_, v)) => *v = value.to_vec(),
         None => xattrs.push((key.to_vec(), value.to_vec())),
     }
-}
-
-/// log2 of the chunk size and the number of chunks describing a file of `size` bytes.
-fn chunking(size: u64) -> (u32, u64) {
-    let mut bits = if size <= 1 {
-        0
-    } else {
-        64 - (size - 1).leading_zeros()
-    };
-    bits = bits.max(u32::from(BLKSIZ_BITS)).min(MAX_CHUNK_BITS);
-    let chunk = 1u64 << bits;
-    (bits, size.div_ceil(chunk))
 }
 
 fn xattr_entry_size(key: &[u8], value: &[u8]) -> u64 {
@@ -953,34 +549,6 @@ fn xattr_ibody_size_for(n_shared: u64, inline: u64) -> u64 {
     }
 }
 
-fn xattr_filter(xattrs: &[(Vec<u8>, Vec<u8>)]) -> u32 {
-    let mut bits = 0u32;
-    for (k, _) in xattrs {
-        let (index, suffix) = xattr_name_index(k);
-        let bit = xxh32(suffix, XATTR_FILTER_SEED.wrapping_add(u32::from(index)))
-            & (XATTR_FILTER_BITS - 1);
-        bits |= 1 << bit;
-    }
-    XATTR_FILTER_DEFAULT & !bits
-}
-
-fn write_xattr<W: Write>(w: &mut CountingWriter<W>, key: &[u8], value: &[u8]) -> Result<(), Error> {
-    let (index, suffix) = xattr_name_index(key);
-    let e = XattrEntry {
-        e_name_len: suffix.len() as u8,
-        e_name_index: index,
-        e_value_size: (value.len() as u16).into(),
-    };
-    w.write(e.as_bytes())?;
-    w.write(suffix)?;
-    w.write(value)?;
-    w.align(4)
-}
-
-fn dirent_len(c: &Child<'_>) -> u64 {
-    (size_of::<Dirent>() + c.name.len()) as u64
-}
-
 /// Full dirent blocks and the size of the tail.
 fn dir_size(children: &[Child<'_>]) -> (u64, u64) {
     let mut blocks = 0;
@@ -999,80 +567,6 @@ fn dir_size(children: &[Child<'_>]) -> (u64, u64) {
         used = 0;
     }
     (blocks, used)
-}
-
-/// Writes the directory's full blocks (`blocks`) or its inline tail (`tail`).
-fn write_dirents<W: Write>(
-    w: &mut CountingWriter<W>,
-    nodes: &[Node<'_>],
-    dir: &Node<'_>,
-    children: &[Child<'_>],
-    blocks: bool,
-    tail: bool,
-) -> Result<(), Error> {
-    let mut used = 0;
-    let mut written = 0;
-    let mut first = 0;
-    for (i, c) in children.iter().enumerate() {
-        let len = dirent_len(c);
-        if used + len > BLKSIZ {
-            if blocks {
-                write_dirent_chunk(w, nodes, &children[first..i], BLKSIZ)?;
-            }
-            written += 1;
-            used = 0;
-            first = i;
-        }
-        used += len;
-    }
-    if written < dir.n_blocks {
-        if blocks {
-            write_dirent_chunk(w, nodes, &children[first..], BLKSIZ)?;
-        }
-        used = 0;
-        first = children.len();
-    }
-    if tail && used > 0 {
-        write_dirent_chunk(w, nodes, &children[first..], 1)?;
-    }
-    Ok(())
-}
-
-fn write_dirent_chunk<W: Write>(
-    w: &mut CountingWriter<W>,
-    nodes: &[Node<'_>],
-    children: &[Child<'_>],
-    align: u64,
-) -> Result<(), Error> {
-    let mut nameoff = (children.len() * size_of::<Dirent>()) as u64;
-    for c in children {
-        let target = &nodes[c.node()];
-        let d = Dirent {
-            nid: target.nid.into(),
-            nameoff: (nameoff as u16).into(),
-            file_type: file_type_code(target.mode),
-            reserved: 0,
-        };
-        nameoff += c.name.len() as u64;
-        w.write(d.as_bytes())?;
-    }
-    for c in children {
-        w.write(&c.name)?;
-    }
-    w.align(align)
-}
-
-fn file_type_code(mode: u32) -> u8 {
-    match FileType::from_mode(mode) {
-        Some(FileType::Regular) => FT_REG_FILE,
-        Some(FileType::Directory) => FT_DIR,
-        Some(FileType::Symlink) => FT_SYMLINK,
-        Some(FileType::CharDevice) => FT_CHRDEV,
-        Some(FileType::BlockDevice) => FT_BLKDEV,
-        Some(FileType::Fifo) => FT_FIFO,
-        Some(FileType::Socket) => FT_SOCK,
-        None => FT_UNKNOWN,
-    }
 }
 
 /// Padding before an inode so that its inline tail does not cross a block
@@ -1107,52 +601,4 @@ fn pad_for_tail(n: &mut Node<'_>, pos: u64, inode_size: u64, xattr_size: u64) ->
         return round_up(pos, BLKSIZ) - pos;
     }
     0
-}
-
-fn round_up(x: u64, align: u64) -> u64 {
-    x.div_ceil(align) * align
-}
-
-fn round_down(x: u64, align: u64) -> u64 {
-    x - x % align
-}
-
-/// A writer that knows how many bytes went through it.
-struct CountingWriter<'w, W: Write> {
-    inner: &'w mut W,
-    pos: u64,
-}
-
-impl<W: Write> CountingWriter<'_, W> {
-    fn write(&mut self, b: &[u8]) -> Result<(), Error> {
-        self.inner.write_all(b)?;
-        self.pos += b.len() as u64;
-        Ok(())
-    }
-
-    fn pad(&mut self, n: u64) -> Result<(), Error> {
-        const ZEROS: [u8; 4096] = [0; 4096];
-        let mut left = n;
-        while left > 0 {
-            let k = left.min(ZEROS.len() as u64);
-            self.write(&ZEROS[..k as usize])?;
-            left -= k;
-        }
-        Ok(())
-    }
-
-    fn pad_to(&mut self, pos: u64) -> Result<(), Error> {
-        self.pad(pos.saturating_sub(self.pos))
-    }
-
-    fn align(&mut self, a: u64) -> Result<(), Error> {
-        self.pad_to(round_up(self.pos, a))
-    }
-
-    fn write_null_chunks(&mut self, count: u64) -> Result<(), Error> {
-        for _ in 0..count {
-            self.write(&NULL_ADDR.to_le_bytes())?;
-        }
-        Ok(())
-    }
 }
