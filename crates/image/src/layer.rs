@@ -247,7 +247,7 @@ pub fn import_layer(
                     })
                 }
             };
-            let workers = (threads - 1).clamp(1, pipeline::MAX_WORKERS);
+            let workers = threads.clamp(1, pipeline::MAX_WORKERS);
             let (objects, ends) = pipeline::Objects::new(workers);
             let (flush_tx, flush_rx) = std::sync::mpsc::sync_channel(1);
             for (jobs, done, free) in ends {
