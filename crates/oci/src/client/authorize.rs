@@ -25,7 +25,7 @@ impl Registry {
                 .as_ref()
                 .map(Credentials::basic_header),
             Challenge::Bearer { .. } => {
-                let (token, expires) = st.tokens.get(&pull_scope(repo))?;
+                let (token, expires) = st.tokens.get(&self.scope(repo))?;
                 (Instant::now() < *expires).then(|| format!("Bearer {token}"))
             }
         }
@@ -96,7 +96,7 @@ impl Registry {
                 service,
                 scope,
             } => {
-                let scope = scope.unwrap_or_else(|| pull_scope(repo));
+                let scope = scope.unwrap_or_else(|| self.scope(repo));
                 let (token, secs) =
                     self.fetch_token(repo, &realm, service.as_deref(), &scope, creds.as_ref())?;
                 // Renew a little early so a token never expires mid-request.
@@ -105,7 +105,7 @@ impl Registry {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .tokens
-                    .insert(pull_scope(repo), (token, Instant::now() + life));
+                    .insert(self.scope(repo), (token, Instant::now() + life));
                 Ok(())
             }
         }
@@ -238,6 +238,14 @@ impl Registry {
         }
     }
 }
-pub(super) fn pull_scope(repo: &str) -> String {
-    format!("repository:{repo}:pull")
+impl Registry {
+    /// The token scope this client asks for in `repo`: `pull`, or
+    /// `pull,push` for a client made by [`Registry::for_push`].
+    pub(super) fn scope(&self, repo: &str) -> String {
+        if self.push {
+            format!("repository:{repo}:pull,push")
+        } else {
+            format!("repository:{repo}:pull")
+        }
+    }
 }

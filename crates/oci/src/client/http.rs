@@ -9,6 +9,30 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Answer, BodySize, Failure, Registry, MAX_ERROR_BODY, MAX_REDIRECTS};
+
+/// One request: method, path (or a whole URL of the registry's), and what
+/// goes with it.
+pub(super) struct Req<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub accept: Option<&'a str>,
+    /// `bytes=FROM-` or `bytes=FROM-LAST` (inclusive).
+    pub range: Option<(u64, Option<u64>)>,
+    /// The body and its Content-Type.
+    pub body: Option<(&'a [u8], &'a str)>,
+}
+
+impl<'a> Req<'a> {
+    pub fn get(path: &'a str) -> Req<'a> {
+        Req {
+            method: "GET",
+            path,
+            accept: None,
+            range: None,
+            body: None,
+        }
+    }
+}
 use crate::PullError;
 
 impl Registry {
@@ -24,9 +48,27 @@ impl Registry {
         what: &str,
         not_found: &dyn Fn(&str, &str) -> PullError,
     ) -> Result<Answer, Failure> {
+        let req = Req {
+            accept,
+            range: range_from.map(|from| (from, None)),
+            ..Req::get(path)
+        };
+        self.request(repo, &req, what, Some(not_found))
+    }
+
+    /// One attempt at `req`, as [`request_once`](Self::request_once) says;
+    /// without `not_found`, a 404 is an answer like a 2xx (the caller looks
+    /// at its status).
+    pub(super) fn request(
+        &self,
+        repo: &str,
+        req: &Req<'_>,
+        what: &str,
+        not_found: Option<&dyn Fn(&str, &str) -> PullError>,
+    ) -> Result<Answer, Failure> {
         let mut authenticated = false;
         loop {
-            let (resp, own_origin) = self.send(repo, path, accept, range_from, what)?;
+            let (resp, own_origin) = self.send(repo, req, what)?;
             self.reached.store(true, Ordering::Relaxed);
             let status = resp.status();
             match status {
@@ -42,6 +84,9 @@ impl Registry {
                     return Err(self.auth_failed(repo, status, &msg).into());
                 }
                 404 => {
+                    let Some(not_found) = not_found else {
+                        return Ok(Answer { resp });
+                    };
                     let (code, msg) = error_message(resp);
                     return Err(not_found(&code, &msg).into());
                 }
@@ -76,32 +121,47 @@ impl Registry {
     pub(super) fn send(
         &self,
         repo: &str,
-        path: &str,
-        accept: Option<&str>,
-        range_from: Option<u64>,
+        r: &Req<'_>,
         what: &str,
     ) -> Result<(ureq::Response, bool), Failure> {
-        let mut url = format!("{}{path}", self.base);
-        let mut own_origin = true;
+        // An upload's `Location` may be a whole URL; it must still be the
+        // registry's own origin for credentials to go there.
+        let mut url = if r.path.starts_with("http://") || r.path.starts_with("https://") {
+            r.path.to_string()
+        } else {
+            format!("{}{}", self.base, r.path)
+        };
+        let mut own_origin = origin(&url) == origin(&self.base);
         let mut last_status = 0;
         for _ in 0..=MAX_REDIRECTS {
-            let mut req = self.agent.get(&url);
-            if let Some(a) = accept {
+            let mut req = self.agent.request(r.method, &url);
+            if let Some(a) = r.accept {
                 req = req.set("Accept", a);
             }
-            if let Some(from) = range_from {
-                req = req.set("Range", &format!("bytes={from}-"));
+            match r.range {
+                Some((from, None)) => req = req.set("Range", &format!("bytes={from}-")),
+                Some((from, Some(last))) => req = req.set("Range", &format!("bytes={from}-{last}")),
+                None => {}
             }
             if own_origin {
                 if let Some(h) = self.auth_header(repo) {
                     req = req.set("Authorization", &h);
                 }
             }
-            let resp = match req.call() {
+            let sent = match r.body {
+                Some((data, content_type)) => {
+                    req.set("Content-Type", content_type).send_bytes(data)
+                }
+                None => req.call(),
+            };
+            let resp = match sent {
                 Ok(r) | Err(ureq::Error::Status(_, r)) => r,
                 Err(ureq::Error::Transport(t)) => return Err(self.transport_failure(&t)),
             };
-            if !matches!(resp.status(), 301 | 302 | 303 | 307 | 308) {
+            // Only reads follow redirects: an upload answered with one is
+            // an error, not something to send again elsewhere.
+            let reading = matches!(r.method, "GET" | "HEAD");
+            if !reading || !matches!(resp.status(), 301 | 302 | 303 | 307 | 308) {
                 return Ok((resp, own_origin));
             }
             last_status = resp.status();

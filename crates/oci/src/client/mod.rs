@@ -45,9 +45,11 @@ use crate::PullError;
 mod authorize;
 mod blob;
 mod http;
+mod push;
 
 pub use blob::{BlobEvent, BlobReader};
 use http::read_capped;
+pub use push::Referrers;
 
 /// Longest error body read for a message.
 const MAX_ERROR_BODY: u64 = 64 << 10;
@@ -125,6 +127,8 @@ pub struct Registry {
     auth: Mutex<AuthState>,
     /// Set once the registry has answered anything.
     reached: AtomicBool,
+    /// Tokens are asked for with `pull,push` scope.
+    push: bool,
 }
 
 #[derive(Default)]
@@ -179,6 +183,16 @@ impl Registry {
             opts: opts.clone(),
             auth: Mutex::new(AuthState::default()),
             reached: AtomicBool::new(false),
+            push: false,
+        }
+    }
+
+    /// A client for the registry of `r` that uploads: its bearer tokens
+    /// are asked for with the scope `repository:<name>:pull,push`.
+    pub fn for_push(r: &ImageRef, opts: &ClientOptions) -> Registry {
+        Registry {
+            push: true,
+            ..Registry::new(r, opts)
         }
     }
 
