@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use super::{Answer, BodySize, Failure, Registry, MAX_ERROR_BODY, MAX_REDIRECTS};
 
+/// Makes the error for a 404 from the registry's error code and message.
+pub(super) type NotFound<'a> = &'a dyn Fn(&str, &str) -> PullError;
+
 /// One request: method, path (or a whole URL of the registry's), and what
 /// goes with it.
 pub(super) struct Req<'a> {
@@ -64,7 +67,7 @@ impl Registry {
         repo: &str,
         req: &Req<'_>,
         what: &str,
-        not_found: Option<&dyn Fn(&str, &str) -> PullError>,
+        not_found: Option<NotFound<'_>>,
     ) -> Result<Answer, Failure> {
         let mut authenticated = false;
         loop {
