@@ -256,6 +256,7 @@ pub fn assemble_image_from(
         image_size,
         content_size,
         source: source.map(str::to_owned),
+        lazy: None,
     };
     store
         .write_image_record(&record)

@@ -28,6 +28,18 @@ pub const DOCKER_LAYER_FOREIGN_GZIP: &str =
 pub const DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+json";
 pub const DOCKER_SCHEMA1_SIGNED: &str = "application/vnd.docker.distribution.manifest.v1+prettyjws";
 
+/// cairn's lazy-image artifact (`cairn push`, `cairn pull --lazy`): the
+/// `artifactType` of its manifest. The format is in `docs/lazy-format.md`.
+pub const CAIRN_LAZY_ARTIFACT: &str = "application/vnd.cairn.lazy.v1";
+/// Its EROFS metadata image, zstd-compressed.
+pub const CAIRN_LAZY_EROFS: &str = "application/vnd.cairn.lazy.v1.erofs+zstd";
+/// Its object index (object id -> pack, offset, lengths), zstd-compressed.
+pub const CAIRN_LAZY_INDEX: &str = "application/vnd.cairn.lazy.v1.index+zstd";
+/// Its prefetch list: object ids, 32 bytes each, in the order to fetch them.
+pub const CAIRN_LAZY_PREFETCH: &str = "application/vnd.cairn.lazy.v1.prefetch";
+/// One pack of objects, each a zstd frame (or a run of 1 MiB chunk frames).
+pub const CAIRN_LAZY_PACK: &str = "application/vnd.cairn.lazy.v1.pack";
+
 /// What a manifest request accepts, most preferred first.
 pub const MANIFEST_ACCEPT: [&str; 4] = [
     OCI_INDEX,

@@ -19,6 +19,11 @@
 //! points only at images whose objects are all present", holds again
 //! afterwards. Directories that let other users in are narrowed to 0700.
 //!
+//! An incomplete image (its record has `lazy`: pulled with `--lazy`,
+//! objects still in a registry) is not broken for lacking objects: the
+//! ones it has are checked as any other, the missing ones are expected,
+//! and its lazy index must be whole (hash to what the record says).
+//!
 //! Locking: a check takes the store lock shared (imports may run; gc waits,
 //! so nothing vanishes under the check); a repair takes it exclusive.
 //! Nothing is removed before every check has run.
@@ -525,6 +530,35 @@ impl Store {
                 reason: e.to_string(),
             });
         }
+        // An incomplete image (pulled with --lazy) lacks objects by
+        // design; what it needs instead is its index, whole.
+        let lazy = self
+            .image_record(digest)
+            .ok()
+            .flatten()
+            .and_then(|r| r.lazy);
+        if let Some(lazy) = &lazy {
+            let index = self.lazy_index_path(digest);
+            let problem = match read_regular(&index) {
+                Ok(data) => {
+                    let actual = format!("sha256:{}", hex::encode(Sha256::digest(&data)));
+                    (actual != lazy.index_digest).then(|| {
+                        format!(
+                            "lazy index {} hashes to {actual}, the record says {}",
+                            index.display(),
+                            lazy.index_digest
+                        )
+                    })
+                }
+                Err(reason) => Some(format!("lazy index {}: {reason}", index.display())),
+            };
+            if let Some(reason) = problem {
+                found.push(Problem::CorruptImageRecord {
+                    digest: digest.to_owned(),
+                    reason,
+                });
+            }
+        }
         let contents = match contents_of(&data) {
             Ok(c) => c,
             Err(reason) => {
@@ -546,6 +580,7 @@ impl Store {
         }
         for (id, used) in &contents.objects {
             match object_state(id) {
+                ObjectState::Missing if lazy.is_some() => {}
                 ObjectState::Missing => found.push(Problem::MissingObject {
                     image: image(),
                     path: show(&used.path),

@@ -276,7 +276,7 @@ impl Store {
     /// Files that belong to the image besides `images/<digest>` (its
     /// record), to be removed with it.
     pub(crate) fn image_side_files(&self, digest: &str) -> Vec<PathBuf> {
-        vec![self.image_record_path(digest)]
+        vec![self.image_record_path(digest), self.lazy_index_path(digest)]
     }
 
     /// Image records in `images/` whose image is not there (`<digest>` of
@@ -288,7 +288,10 @@ impl Store {
         for entry in rd {
             let entry = entry.map_err(|e| StoreError::io("listing", &dir, &self.root, e))?;
             let name = entry.file_name();
-            let Some(digest) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+            let Some(digest) = name.to_str().and_then(|n| {
+                n.strip_suffix(".json")
+                    .or_else(|| n.strip_suffix(".lazy-index"))
+            }) else {
                 continue;
             };
             if is_image_digest(digest) && !self.has_image(digest) {
@@ -296,6 +299,7 @@ impl Store {
             }
         }
         out.sort();
+        out.dedup();
         Ok(out)
     }
 

@@ -112,8 +112,8 @@ pub use private::{
 };
 pub use record::{
     image_name_for, is_diff_id, ref_name_for, ImageRecord, ImageRecordLayer, LayerRecord,
-    LayerRecordWriter, ObjectShard, ObjectStager, StagedObject, LAYER_ENTRIES_FILE, LAYER_FORMAT,
-    LAYER_RECORD_FILE, OPAQUE_MARKER, WHITEOUT_PREFIX,
+    LayerRecordWriter, LazySource, ObjectShard, ObjectStager, StagedObject, LAYER_ENTRIES_FILE,
+    LAYER_FORMAT, LAYER_RECORD_FILE, OPAQUE_MARKER, WHITEOUT_PREFIX,
 };
 pub use refs::{validate_ref_name, MAX_REF_NAME};
 pub use resolve::{ImageSource, ResolvedImage, MIN_DIGEST_PREFIX};

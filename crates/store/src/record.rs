@@ -161,6 +161,33 @@ pub struct ImageRecord {
     /// when the importer says.
     #[serde(default)]
     pub source: Option<String>,
+    /// Set while the image is *incomplete*: pulled with `--lazy`, its
+    /// metadata is here and its objects are still (partly) in a registry.
+    /// Cleared once every object is in the store (`cairn fetch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy: Option<LazySource>,
+}
+
+/// Where the objects of an incomplete image come from: a cairn lazy-image
+/// artifact in a registry (`docs/lazy-format.md`). Its object index is kept
+/// beside the image as `images/<digest>.lazy-index`
+/// ([`Store::lazy_index_path`]), exactly as the artifact's index blob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LazySource {
+    /// The registry as references name it (`127.0.0.1:5000`, `docker.io`).
+    pub registry: String,
+    pub repository: String,
+    /// `sha256:<hex>` of the artifact manifest.
+    pub artifact_digest: String,
+    /// The artifact manifest, exactly as fetched (its digest is
+    /// `artifact_digest`): it names the index and the packs.
+    pub artifact_manifest: String,
+    /// `sha256:<hex>` of the index blob, which is the file
+    /// `images/<digest>.lazy-index`.
+    pub index_digest: String,
+    /// Distinct objects the image uses, and the sum of their sizes.
+    pub objects: u64,
+    pub object_bytes: u64,
 }
 
 /// Whether `s` is a diff_id as layers are named: `sha256:` and 64 lowercase
@@ -704,6 +731,51 @@ impl Store {
     pub fn image_record_path(&self, digest: &str) -> PathBuf {
         debug_assert!(is_image_digest(digest), "bad image digest {digest:?}");
         self.images_dir().join(format!("{digest}.json"))
+    }
+
+    /// `images/<digest>.lazy-index`: the object index of an incomplete
+    /// image ([`LazySource`]).
+    pub fn lazy_index_path(&self, digest: &str) -> PathBuf {
+        debug_assert!(is_image_digest(digest), "bad image digest {digest:?}");
+        self.images_dir().join(format!("{digest}.lazy-index"))
+    }
+
+    /// Writes (or replaces) the lazy index of an image that is in the
+    /// store: staged, synced, renamed. Written before the record that
+    /// names it.
+    pub fn write_lazy_index(&self, digest: &str, data: &[u8]) -> Result<(), StoreError> {
+        if !is_image_digest(digest) {
+            return Err(StoreError::InvalidImageDigest(digest.to_owned()));
+        }
+        if !self.has_image(digest) {
+            return Err(StoreError::ImageNotFound {
+                digest: digest.to_owned(),
+                root: self.root.clone(),
+            });
+        }
+        let tmp = self.staging()?.tmp_file("lazy-index")?;
+        let mut f = tmp.file();
+        f.write_all(data)
+            .map_err(|e| tmp.err("writing lazy index", e))?;
+        f.set_permissions(fs::Permissions::from_mode(crate::PRIVATE_FILE_MODE))
+            .map_err(|e| tmp.err("setting mode of lazy index", e))?;
+        f.sync_all().map_err(|e| tmp.err("syncing lazy index", e))?;
+        tmp.persist(&self.lazy_index_path(digest), true)?;
+        sync_dir(&self.images_dir(), &self.root)
+    }
+
+    /// Removes the lazy index of an image that is complete now (after its
+    /// record says so); gone already is fine.
+    pub fn remove_lazy_index(&self, digest: &str) -> Result<(), StoreError> {
+        if !is_image_digest(digest) {
+            return Err(StoreError::InvalidImageDigest(digest.to_owned()));
+        }
+        let path = self.lazy_index_path(digest);
+        match fs::remove_file(&path) {
+            Ok(()) => sync_dir(&self.images_dir(), &self.root),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::io("removing", &path, &self.root, e)),
+        }
     }
 
     /// Writes (or replaces) the record of an image that is in the store.

@@ -118,6 +118,7 @@ fn add_record(store: &Store, digest: &str, layers: &[String]) {
         image_size: 0,
         content_size: 0,
         source: None,
+        lazy: None,
     };
     store.write_image_record(&record).unwrap();
 }

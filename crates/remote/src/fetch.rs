@@ -1,0 +1,439 @@
+//! Objects of an incomplete image, from its registry: [`RemoteObjects`]
+//! (one object on demand, for the FUSE data layer) and [`fetch_image`]
+//! (`cairn fetch IMAGE`: every missing object, then the image is marked
+//! complete).
+//!
+//! Reads are `Range` requests on the packs, with the registry client's
+//! authentication, redirects and retries. Neighbouring single-frame
+//! objects of one pack are fetched in one request (up to
+//! [`FetchOptions::coalesce`] bytes); a chunked object is fetched chunk by
+//! chunk. Nothing unverified goes anywhere: a chunk is checked against its
+//! sha256 before its bytes are written out, a whole object against its
+//! fs-verity digest before it is published (and, for a chunked object
+//! handed to a writer, the writer is told by the result). Wrong bytes are
+//! an error naming the object and the pack blob, logged as well, and
+//! nothing of that object is stored.
+//!
+//! A fetch publishes what it has verified in batches (each one `syncfs`
+//! and renames), so a `kill -9` midway leaves complete objects and `tmp/`
+//! debris; the image stays incomplete until every object is present,
+//! when its record is rewritten without its lazy source, and a second run
+//! fetches only what is still missing.
+
+use std::io::Write;
+
+use cairn_oci::{ClientOptions, Digest, ImageRef, Registry};
+use cairn_store::{FsVerityHasher, ObjectId, StagedObject, Store};
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+
+use crate::artifact::{self, Artifact, Blob};
+use crate::index::{Frame, Index, ObjectEntry, MAX_INDEX_BYTES};
+use crate::RemoteError;
+
+/// Default: neighbouring objects fetched in one request up to this many
+/// (compressed) bytes.
+pub const DEFAULT_COALESCE: u64 = 1 << 20;
+/// The largest gap between two neighbours still fetched in one request.
+const MAX_GAP: u64 = 64 << 10;
+/// Verified objects are published in batches of about this many bytes.
+const BATCH_BYTES: u64 = 32 << 20;
+
+/// The objects of one incomplete image, fetched from its registry.
+pub struct RemoteObjects {
+    reg: Registry,
+    repo: String,
+    index: Index,
+    packs: Vec<Blob>,
+    image: String,
+}
+
+impl std::fmt::Debug for RemoteObjects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteObjects")
+            .field("registry", &self.reg.name())
+            .field("repository", &self.repo)
+            .field("image", &self.image)
+            .field("objects", &self.index.len())
+            .finish()
+    }
+}
+
+impl RemoteObjects {
+    /// Opens the lazy source of the store's incomplete image
+    /// `image_digest`: its record's artifact manifest (checked against its
+    /// digest) and its lazy index file (checked against the digest the
+    /// record gives, then parsed with limits). No network yet.
+    pub fn open(
+        store: &Store,
+        image_digest: &str,
+        client: &ClientOptions,
+    ) -> Result<RemoteObjects, RemoteError> {
+        let not = |why: &str| RemoteError::NotIncomplete {
+            image: image_digest.to_string(),
+            why: why.to_string(),
+        };
+        let record = store
+            .image_record(image_digest)?
+            .ok_or_else(|| not("it has no image record"))?;
+        let lazy = record
+            .lazy
+            .ok_or_else(|| not("its record names no lazy source (it is complete)"))?;
+        let awhat = format!("artifact {} of image {image_digest}", lazy.artifact_digest);
+        let adigest = Digest::parse(&lazy.artifact_digest)
+            .map_err(|e| RemoteError::invalid(&awhat, e.to_string()))?;
+        if Digest::of(lazy.artifact_manifest.as_bytes()) != adigest {
+            return Err(RemoteError::invalid(
+                &awhat,
+                "the manifest in the image record does not hash to its digest",
+            ));
+        }
+        let a: Artifact = artifact::parse(lazy.artifact_manifest.as_bytes(), &awhat)?;
+        let path = store.lazy_index_path(image_digest);
+        let iwhat = format!("lazy index {}", path.display());
+        let index_z =
+            std::fs::read(&path).map_err(|e| RemoteError::invalid(&iwhat, e.to_string()))?;
+        let actual = Digest::of(&index_z);
+        if actual.as_str() != lazy.index_digest || actual != a.index.digest {
+            return Err(RemoteError::invalid(
+                &iwhat,
+                format!(
+                    "hashes to {actual}; the record says {}, the artifact {}",
+                    lazy.index_digest, a.index.digest
+                ),
+            ));
+        }
+        let index = Index::parse(artifact::unzstd(&index_z, MAX_INDEX_BYTES, &iwhat)?)
+            .map_err(|e| RemoteError::invalid(&iwhat, e.0))?;
+        crate::lazy::check_packs(&a, &index, &iwhat)?;
+        let r = ImageRef::parse(&format!("{}/{}", lazy.registry, lazy.repository))?;
+        Ok(RemoteObjects {
+            reg: Registry::new(&r, client),
+            repo: lazy.repository,
+            index,
+            packs: a.packs,
+            image: image_digest.to_string(),
+        })
+    }
+
+    /// The size of object `id`, if the image's index lists it.
+    pub fn size(&self, id: &ObjectId) -> Option<u64> {
+        self.index.size(id)
+    }
+
+    /// The index entry of `id`.
+    pub fn entry(&self, id: &ObjectId) -> Option<ObjectEntry> {
+        self.index.get(id)
+    }
+
+    /// The whole index.
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    fn corrupt(&self, id: &ObjectId, pack: u32, detail: String) -> RemoteError {
+        let blob = self
+            .packs
+            .get(pack as usize)
+            .map_or_else(|| format!("pack {pack}"), |b| b.digest.to_string());
+        let e = RemoteError::CorruptObject {
+            object: id.to_string(),
+            blob,
+            repository: format!("{}/{}", self.reg.name(), self.repo),
+            detail,
+        };
+        tracing::error!("{e}");
+        e
+    }
+
+    /// Bytes `offset..offset+len` of pack `pack`.
+    fn range(&self, pack: u32, offset: u64, len: u64) -> Result<Vec<u8>, RemoteError> {
+        let blob = &self.packs[pack as usize];
+        Ok(self.reg.fetch_blob_range(
+            &self.repo,
+            &blob.digest,
+            offset,
+            len,
+            &format!("pack {} bytes {offset}+{len}", blob.digest),
+        )?)
+    }
+
+    /// Fetches one chunk and checks it against its sha256.
+    fn chunk(&self, id: &ObjectId, k: usize, f: &Frame) -> Result<Vec<u8>, RemoteError> {
+        let z = self.range(f.pack, f.offset, f.compressed)?;
+        let data = artifact::unzstd_exact(&z, f.size)
+            .map_err(|d| self.corrupt(id, f.pack, format!("chunk {k}: {d}")))?;
+        let sha: [u8; 32] = Sha256::digest(&data).into();
+        if Some(sha) != f.sha256 {
+            return Err(self.corrupt(
+                id,
+                f.pack,
+                format!("chunk {k} does not hash to the sha256 the index gives it"),
+            ));
+        }
+        Ok(data)
+    }
+
+    /// Fetches object `id`, checks it, and writes its plain bytes to
+    /// `out`; returns its size. A small object is checked whole against
+    /// its fs-verity digest before any byte is written. A chunked object
+    /// is written chunk by chunk, each checked against its sha256 first
+    /// (so `out` never sees an unverified byte), and the whole against
+    /// its fs-verity digest at the end: publish what `out` received only
+    /// if this returns `Ok`.
+    pub fn fetch(&self, id: &ObjectId, out: &mut dyn Write) -> Result<u64, RemoteError> {
+        let e = self.index.get(id).ok_or_else(|| {
+            RemoteError::invalid(
+                format!("object index of image {}", self.image),
+                format!("object {id} is not in it"),
+            )
+        })?;
+        let write_err = |error| RemoteError::Write {
+            object: id.to_string(),
+            error,
+        };
+        if !e.is_chunked() {
+            let f = e.frames[0];
+            let z = self.range(f.pack, f.offset, f.compressed)?;
+            let data = self.verify_frame(id, &f, &z)?;
+            out.write_all(&data).map_err(write_err)?;
+            return Ok(e.size);
+        }
+        let mut hasher = FsVerityHasher::new();
+        for (k, f) in e.frames.iter().enumerate() {
+            let data = self.chunk(id, k, f)?;
+            hasher.update(&data);
+            out.write_all(&data).map_err(write_err)?;
+        }
+        let actual = hasher.finalize();
+        if actual != *id {
+            return Err(self.corrupt(
+                id,
+                e.frames[0].pack,
+                format!("its chunks hash to object {actual}"),
+            ));
+        }
+        Ok(e.size)
+    }
+
+    /// Decompresses a single-frame object and checks its fs-verity digest.
+    fn verify_frame(&self, id: &ObjectId, f: &Frame, z: &[u8]) -> Result<Vec<u8>, RemoteError> {
+        let data = artifact::unzstd_exact(z, f.size).map_err(|d| self.corrupt(id, f.pack, d))?;
+        let mut h = FsVerityHasher::new();
+        h.update(&data);
+        let actual = h.finalize();
+        if actual != *id {
+            return Err(self.corrupt(id, f.pack, format!("its bytes hash to object {actual}")));
+        }
+        Ok(data)
+    }
+
+    /// Fetches object `id` into the store (staged, checked, published).
+    pub fn publish(&self, store: &Store, id: &ObjectId) -> Result<u64, RemoteError> {
+        let staged = self.stage(store, id)?;
+        let size = staged.size();
+        store.publish_staged([staged])?;
+        Ok(size)
+    }
+
+    /// Stages object `id`, fetched and checked, for publication.
+    fn stage(&self, store: &Store, id: &ObjectId) -> Result<StagedObject, RemoteError> {
+        let mut stager = store.stage_object()?;
+        let mut sink = StagerWriter(&mut stager);
+        let e = self.index.get(id);
+        self.fetch(id, &mut sink)?;
+        let staged = stager.finish(store)?;
+        if staged.id() != *id {
+            // `fetch` checked it: this would be a bug, not a registry.
+            return Err(self.corrupt(
+                id,
+                e.map_or(0, |e| e.frames[0].pack),
+                format!("staged as {}", staged.id()),
+            ));
+        }
+        Ok(staged)
+    }
+
+    /// Fetches the single-frame objects `group` (same pack, in offset
+    /// order) with one range request and stages each, checked.
+    fn stage_group(
+        &self,
+        store: &Store,
+        group: &[(ObjectId, Frame)],
+    ) -> Result<Vec<StagedObject>, RemoteError> {
+        let first = group[0].1;
+        let last = group[group.len() - 1].1;
+        let span = last.offset + last.compressed - first.offset;
+        let bytes = self.range(first.pack, first.offset, span)?;
+        let mut out = Vec::with_capacity(group.len());
+        for (id, f) in group {
+            let at = (f.offset - first.offset) as usize;
+            let data = self.verify_frame(id, f, &bytes[at..at + f.compressed as usize])?;
+            let mut stager = store.stage_object()?;
+            stager.write(&data)?;
+            let staged = stager.finish(store)?;
+            debug_assert_eq!(staged.id(), *id);
+            out.push(staged);
+        }
+        Ok(out)
+    }
+}
+
+/// An `ObjectStager` as a `Write`.
+struct StagerWriter<'a>(&'a mut cairn_store::ObjectStager);
+
+impl Write for StagerWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .write(buf)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How `cairn fetch` fetches.
+#[derive(Debug, Clone)]
+pub struct FetchOptions {
+    pub client: ClientOptions,
+    /// Neighbouring objects of a pack are fetched in one request up to
+    /// this many bytes.
+    pub coalesce: u64,
+}
+
+impl Default for FetchOptions {
+    fn default() -> Self {
+        FetchOptions {
+            client: ClientOptions::default(),
+            coalesce: DEFAULT_COALESCE,
+        }
+    }
+}
+
+/// What a fetch did.
+#[derive(Debug, Clone, Serialize)]
+pub struct FetchReport {
+    pub image_digest: String,
+    pub objects: u64,
+    /// Objects fetched by this run (the rest were local).
+    pub fetched_objects: u64,
+    /// Their bytes, uncompressed.
+    pub fetched_bytes: u64,
+    /// Range requests made.
+    pub requests: u64,
+    /// The image was complete already.
+    pub was_complete: bool,
+}
+
+/// Fetches every object the incomplete image `image_digest` lacks, then
+/// marks it complete; see the module docs.
+pub fn fetch_image(
+    store: &Store,
+    image_digest: &str,
+    opts: &FetchOptions,
+) -> Result<FetchReport, RemoteError> {
+    // Shared: gc waits until the image is complete or this stops.
+    let _lock = store.lock_shared()?;
+    let Some(mut record) = store.image_record(image_digest)? else {
+        return Err(RemoteError::NotIncomplete {
+            image: image_digest.to_string(),
+            why: "it has no image record".to_string(),
+        });
+    };
+    let image = std::fs::read(store.image_path(image_digest)).map_err(|e| {
+        cairn_store::StoreError::Source {
+            op: "reading",
+            what: format!("image {image_digest}"),
+            error: e,
+        }
+    })?;
+    let objects = crate::lazy::image_objects(&image, &format!("image {image_digest}"))?;
+    let mut report = FetchReport {
+        image_digest: image_digest.to_string(),
+        objects: objects.len() as u64,
+        fetched_objects: 0,
+        fetched_bytes: 0,
+        requests: 0,
+        was_complete: record.lazy.is_none(),
+    };
+    if record.lazy.is_none() {
+        return Ok(report);
+    }
+    let remote = RemoteObjects::open(store, image_digest, &opts.client)?;
+    let mut lookup = store.object_lookup();
+    let mut singles = Vec::new();
+    let mut chunked = Vec::new();
+    for id in objects.keys() {
+        if lookup.has(id) {
+            continue;
+        }
+        let e = remote.entry(id).ok_or_else(|| {
+            RemoteError::invalid(
+                format!("object index of image {image_digest}"),
+                format!("object {id}, which the image uses, is not in it"),
+            )
+        })?;
+        if e.is_chunked() {
+            chunked.push(e);
+        } else {
+            singles.push((e.id, e.frames[0]));
+        }
+    }
+    singles.sort_by_key(|(_, f)| (f.pack, f.offset));
+    let coalesce = opts.coalesce.max(1);
+    let mut batch: Vec<StagedObject> = Vec::new();
+    let mut batch_bytes = 0u64;
+    let mut i = 0;
+    while i < singles.len() {
+        let start = singles[i].1;
+        let mut j = i + 1;
+        while j < singles.len() {
+            let (prev, next) = (singles[j - 1].1, singles[j].1);
+            let prev_end = prev.offset + prev.compressed;
+            if next.pack != start.pack
+                || next.offset < prev_end
+                || next.offset - prev_end > MAX_GAP
+                || next.offset + next.compressed - start.offset > coalesce
+            {
+                break;
+            }
+            j += 1;
+        }
+        let staged = remote.stage_group(store, &singles[i..j])?;
+        report.requests += 1;
+        for s in staged {
+            report.fetched_objects += 1;
+            report.fetched_bytes += s.size();
+            batch_bytes += s.size();
+            batch.push(s);
+        }
+        if batch_bytes >= BATCH_BYTES {
+            store.publish_staged(std::mem::take(&mut batch))?;
+            batch_bytes = 0;
+        }
+        i = j;
+    }
+    store.publish_staged(std::mem::take(&mut batch))?;
+    for e in chunked {
+        let size = remote.publish(store, &e.id)?;
+        report.requests += e.frames.len() as u64;
+        report.fetched_objects += 1;
+        report.fetched_bytes += size;
+    }
+    // Every object present (a fresh look: nothing may be assumed), then
+    // the record says complete, then the index goes.
+    let mut lookup = store.object_lookup();
+    if let Some(missing) = objects.keys().find(|id| !lookup.has(id)) {
+        return Err(RemoteError::invalid(
+            format!("image {image_digest}"),
+            format!("object {missing} is still missing after the fetch"),
+        ));
+    }
+    record.lazy = None;
+    store.write_image_record(&record)?;
+    store.remove_lazy_index(image_digest)?;
+    Ok(report)
+}

@@ -1,0 +1,472 @@
+//! `cairn pull --lazy REF`: the metadata of an image, without its file
+//! contents, as an *incomplete* image of the store.
+//!
+//! REF is resolved to a manifest as `cairn pull` does (index → platform).
+//! If that manifest is itself a cairn artifact, it is used; otherwise its
+//! referrers are asked for (the referrers API, else the referrers tag
+//! schema `sha256-<hex>`), and the last cairn artifact listed is used.
+//! Without one the pull fails and says why: never a silent full pull.
+//!
+//! Fetched and checked, in this order: the artifact manifest (by digest),
+//! the config (its digest), the EROFS image (the blob's digest, then the
+//! decompressed image's sha256 against the annotation), the index (the
+//! blob's digest, then parsed with limits), and that every object the
+//! image's files use is in the index with the size the image gives it.
+//! Then, under the shared store lock: the image file, its lazy index,
+//! its record (which says where the objects come from), its name.
+
+use std::collections::BTreeMap;
+
+use cairn_oci::client::{BodySize, Referrers};
+use cairn_oci::spec::{media_type, MAX_MANIFEST_SIZE};
+use cairn_oci::{ClientOptions, Digest, ImageRef, PlatformSpec, Registry};
+use cairn_store::{ImageRecord, LazySource, ObjectId, Store};
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+
+use crate::artifact::{self, Artifact, MAX_ARTIFACT_MANIFEST, MAX_EROFS};
+use crate::index::{Index, MAX_INDEX_BYTES};
+use crate::RemoteError;
+
+/// How to pull lazily.
+#[derive(Debug, Clone, Default)]
+pub struct LazyPullOptions {
+    pub client: ClientOptions,
+    pub platform: Option<PlatformSpec>,
+    /// The name to give the image.
+    pub name: Option<String>,
+}
+
+/// What a lazy pull did.
+#[derive(Debug, Clone, Serialize)]
+pub struct LazyPullReport {
+    pub reference: String,
+    pub name: Option<String>,
+    pub image_digest: String,
+    pub artifact_digest: String,
+    pub manifest_digest: String,
+    pub objects: u64,
+    pub object_bytes: u64,
+    /// Objects the store has already.
+    pub objects_local: u64,
+    /// Bytes fetched: manifests, config, EROFS image and index.
+    pub bytes_fetched: u64,
+    /// The image was complete in the store already.
+    pub complete: bool,
+}
+
+/// The artifact found for a reference, and the manifest it is for.
+struct Found {
+    artifact_digest: Digest,
+    artifact_bytes: Vec<u8>,
+    /// The source image's manifest (digest, bytes), when it could be read.
+    source: Option<(Digest, Vec<u8>)>,
+}
+
+fn fetch_artifact(
+    reg: &Registry,
+    repo: &str,
+    blob: &artifact::Blob,
+    display: &str,
+) -> Result<Vec<u8>, RemoteError> {
+    if blob.size > MAX_ARTIFACT_MANIFEST {
+        return Err(RemoteError::invalid(
+            format!("artifact {}", blob.digest),
+            format!("{} bytes, more than {MAX_ARTIFACT_MANIFEST}", blob.size),
+        ));
+    }
+    let m = reg.fetch_manifest(
+        repo,
+        blob.digest.as_str(),
+        &[media_type::OCI_MANIFEST],
+        BodySize::Exactly(blob.size),
+        &format!("{display} (cairn artifact {})", blob.digest),
+    )?;
+    let actual = Digest::of(&m.bytes);
+    if actual != blob.digest {
+        return Err(cairn_oci::PullError::DigestMismatch {
+            what: format!("artifact manifest of {display}"),
+            expected: blob.digest.to_string(),
+            actual: actual.to_string(),
+        }
+        .into());
+    }
+    Ok(m.bytes)
+}
+
+/// Finds the cairn artifact for `r`: `r` itself, or a referrer of the
+/// manifest `r` resolves to.
+fn find_artifact(
+    reg: &Registry,
+    r: &ImageRef,
+    platform: Option<&PlatformSpec>,
+    fetched: &mut u64,
+) -> Result<Found, RemoteError> {
+    let display = r.to_string();
+    let repo = &r.repository;
+    let top = reg.fetch_manifest(
+        repo,
+        &r.manifest_reference(),
+        &[
+            media_type::OCI_INDEX,
+            media_type::OCI_MANIFEST,
+            media_type::DOCKER_MANIFEST_LIST,
+            media_type::DOCKER_MANIFEST,
+        ],
+        BodySize::AtMost(MAX_MANIFEST_SIZE),
+        &display,
+    )?;
+    *fetched += top.bytes.len() as u64;
+    if artifact::is_artifact(&top.bytes) {
+        let digest = Digest::of(&top.bytes);
+        if let Some(pinned) = &r.digest {
+            if *pinned != digest {
+                return Err(cairn_oci::PullError::DigestMismatch {
+                    what: format!("manifest {display}"),
+                    expected: pinned.to_string(),
+                    actual: digest.to_string(),
+                }
+                .into());
+            }
+        }
+        // The source manifest, for the record, if the repository has it.
+        let a = artifact::parse(&top.bytes, &format!("artifact {display}"))?;
+        let source = a.subject.as_ref().and_then(|s| {
+            let m = reg
+                .fetch_manifest(
+                    repo,
+                    s.digest.as_str(),
+                    &media_type::MANIFEST_ACCEPT,
+                    BodySize::Exactly(s.size),
+                    &format!("subject {} of {display}", s.digest),
+                )
+                .ok()?;
+            (Digest::of(&m.bytes) == s.digest).then(|| (s.digest.clone(), m.bytes))
+        });
+        return Ok(Found {
+            artifact_digest: digest,
+            artifact_bytes: top.bytes,
+            source,
+        });
+    }
+    let resolved = cairn_oci::resolve(reg, r, platform)?;
+    *fetched += resolved.manifest_bytes.len() as u64;
+    let subject = &resolved.manifest_digest;
+    let (listed, how) = match reg.referrers(repo, subject, Some(media_type::CAIRN_LAZY_ARTIFACT))? {
+        Referrers::Index(bytes) => {
+            *fetched += bytes.len() as u64;
+            (
+                artifact::artifacts_in(&bytes, &format!("referrers of {subject}"))?,
+                "the referrers API",
+            )
+        }
+        Referrers::NoApi => {
+            let tag = artifact::referrers_tag(subject);
+            match reg.fetch_manifest(
+                repo,
+                &tag,
+                &[media_type::OCI_INDEX],
+                BodySize::AtMost(MAX_ARTIFACT_MANIFEST),
+                &format!("{}/{repo}:{tag}", r.registry),
+            ) {
+                Ok(m) => {
+                    *fetched += m.bytes.len() as u64;
+                    (
+                        artifact::artifacts_in(&m.bytes, &format!("referrers index {tag}"))?,
+                        "the referrers tag schema",
+                    )
+                }
+                Err(cairn_oci::PullError::ManifestUnknown { .. }) => {
+                    (Vec::new(), "the referrers tag schema")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    let Some(chosen) = listed.last() else {
+        let layers: Vec<&str> = resolved
+            .layers
+            .iter()
+            .map(|l| l.media_type.as_str())
+            .collect();
+        return Err(RemoteError::NotLazy {
+            reference: display.clone(),
+            why: format!(
+                "no cairn lazy artifact ({}) refers to its manifest {subject} in {}/{repo} \
+                 (looked up through {how}), and it has no eStargz table of contents (its \
+                 layers are plain {}); `cairn pull {display}` pulls it whole, and `cairn push` \
+                 publishes an artifact for it",
+                media_type::CAIRN_LAZY_ARTIFACT,
+                r.registry,
+                layers.join(", ")
+            ),
+        });
+    };
+    let bytes = fetch_artifact(reg, repo, chosen, &display)?;
+    *fetched += bytes.len() as u64;
+    Ok(Found {
+        artifact_digest: chosen.digest.clone(),
+        artifact_bytes: bytes,
+        source: Some((subject.clone(), resolved.manifest_bytes)),
+    })
+}
+
+/// Fetches a whole blob of the artifact and checks its digest.
+fn fetch_blob(
+    reg: &Registry,
+    repo: &str,
+    blob: &artifact::Blob,
+    limit: u64,
+    what: &str,
+) -> Result<Vec<u8>, RemoteError> {
+    if blob.size > limit {
+        return Err(cairn_oci::PullError::TooLarge {
+            what: what.to_string(),
+            size: Some(blob.size),
+            limit,
+        }
+        .into());
+    }
+    let bytes = reg.fetch_blob_bytes(repo, &blob.digest, BodySize::Exactly(blob.size), what)?;
+    let actual = Digest::of(&bytes);
+    if actual != blob.digest {
+        return Err(cairn_oci::PullError::DigestMismatch {
+            what: what.to_string(),
+            expected: blob.digest.to_string(),
+            actual: actual.to_string(),
+        }
+        .into());
+    }
+    Ok(bytes)
+}
+
+/// The objects an EROFS image uses, with the size it gives each.
+pub(crate) fn image_objects(
+    image: &[u8],
+    what: &str,
+) -> Result<BTreeMap<ObjectId, u64>, RemoteError> {
+    let c = cairn_store::ImageContents::from_image_bytes(image)
+        .map_err(|e| RemoteError::invalid(what, e))?;
+    if let Some(bad) = c.bad_payloads.first() {
+        return Err(RemoteError::invalid(
+            what,
+            format!(
+                "{} is backed by {:?}, which is not an object",
+                String::from_utf8_lossy(&bad.path),
+                String::from_utf8_lossy(&bad.payload)
+            ),
+        ));
+    }
+    Ok(c.objects.into_iter().map(|(id, u)| (id, u.size)).collect())
+}
+
+/// Pulls the metadata of `r` lazily into `store`; see the module docs.
+pub fn pull_lazy(
+    store: &Store,
+    r: &ImageRef,
+    opts: &LazyPullOptions,
+) -> Result<LazyPullReport, RemoteError> {
+    let reg = Registry::new(r, &opts.client);
+    let repo = r.repository.clone();
+    let display = r.to_string();
+    let mut fetched = 0u64;
+    let found = find_artifact(&reg, r, opts.platform.as_ref(), &mut fetched)?;
+    let awhat = format!("cairn artifact {} of {display}", found.artifact_digest);
+    let a: Artifact = artifact::parse(&found.artifact_bytes, &awhat)?;
+    if let (Some(subject), Some((digest, _))) = (&a.subject, &found.source) {
+        if subject.digest != *digest {
+            return Err(RemoteError::invalid(
+                &awhat,
+                format!("its subject is {}, not {digest}", subject.digest),
+            ));
+        }
+    }
+
+    let config = fetch_blob(
+        &reg,
+        &repo,
+        &a.config,
+        cairn_oci::spec::MAX_CONFIG_SIZE,
+        &format!("config {} of {display}", a.config.digest),
+    )?;
+    fetched += config.len() as u64;
+    let parsed_config: cairn_spec::ImageConfig = serde_json::from_slice(&config)
+        .map_err(|e| RemoteError::invalid(format!("config of {display}"), e.to_string()))?;
+    let ewhat = format!("EROFS metadata {} of {display}", a.erofs.digest);
+    let erofs_z = fetch_blob(&reg, &repo, &a.erofs, MAX_EROFS, &ewhat)?;
+    fetched += erofs_z.len() as u64;
+    let image = artifact::unzstd(
+        &erofs_z,
+        a.erofs_size.unwrap_or(MAX_EROFS).min(MAX_EROFS),
+        &ewhat,
+    )?;
+    drop(erofs_z);
+    let image_sha = hex::encode(Sha256::digest(&image));
+    if let Some(expected) = &a.erofs_sha256 {
+        if *expected != image_sha {
+            return Err(cairn_oci::PullError::DigestMismatch {
+                what: format!("{ewhat} (decompressed)"),
+                expected: format!("sha256:{expected}"),
+                actual: format!("sha256:{image_sha}"),
+            }
+            .into());
+        }
+    }
+    let iwhat = format!("object index {} of {display}", a.index.digest);
+    let index_z = fetch_blob(&reg, &repo, &a.index, MAX_INDEX_BYTES, &iwhat)?;
+    fetched += index_z.len() as u64;
+    let index = Index::parse(artifact::unzstd(&index_z, MAX_INDEX_BYTES, &iwhat)?)
+        .map_err(|e| RemoteError::invalid(&iwhat, e.0))?;
+    check_packs(&a, &index, &iwhat)?;
+    let objects = image_objects(&image, &ewhat)?;
+    for (id, size) in &objects {
+        match index.size(id) {
+            Some(s) if s == *size => {}
+            Some(s) => {
+                return Err(RemoteError::invalid(
+                    &iwhat,
+                    format!("object {id} is {s} bytes, the image says {size}"),
+                ))
+            }
+            None => {
+                return Err(RemoteError::invalid(
+                    &iwhat,
+                    format!("object {id}, which the image uses, is not in it"),
+                ))
+            }
+        }
+    }
+    let object_bytes: u64 = objects.values().sum();
+
+    // Into the store: image, lazy index, record, name.
+    let _lock = store.lock_shared()?;
+    let existing = store
+        .image_record(&image_sha)
+        .ok()
+        .flatten()
+        .filter(|rec| store.has_image(&image_sha) && rec.lazy.is_none());
+    let mut lookup = store.object_lookup();
+    let objects_local = objects.keys().filter(|id| lookup.has(id)).count() as u64;
+    let complete = existing.is_some();
+    if !complete {
+        let mut w = store.image_writer()?;
+        std::io::Write::write_all(&mut w, &image).map_err(|e| cairn_store::StoreError::Source {
+            op: "writing",
+            what: "the EROFS image".into(),
+            error: e,
+        })?;
+        let digest = w.commit()?;
+        debug_assert_eq!(digest, image_sha);
+        store.write_lazy_index(&image_sha, &index_z)?;
+        let (manifest_digest, manifest) = match &found.source {
+            Some((d, b)) => (d.to_string(), String::from_utf8_lossy(b).into_owned()),
+            None => (
+                found.artifact_digest.to_string(),
+                String::from_utf8_lossy(&found.artifact_bytes).into_owned(),
+            ),
+        };
+        let record = ImageRecord {
+            image_digest: image_sha.clone(),
+            manifest_digest,
+            config_digest: a.config.digest.to_string(),
+            manifest,
+            config: String::from_utf8_lossy(&config).into_owned(),
+            layers: Vec::new(),
+            created: parsed_config.created.clone(),
+            architecture: parsed_config.architecture.clone(),
+            os: parsed_config.os.clone(),
+            imported: now_rfc3339(),
+            image_size: image.len() as u64,
+            content_size: object_bytes,
+            source: Some(format!("docker://{display}")),
+            lazy: Some(LazySource {
+                registry: r.registry.clone(),
+                repository: repo.clone(),
+                artifact_digest: found.artifact_digest.to_string(),
+                artifact_manifest: String::from_utf8_lossy(&found.artifact_bytes).into_owned(),
+                index_digest: a.index.digest.to_string(),
+                objects: objects.len() as u64,
+                object_bytes,
+            }),
+        };
+        store.write_image_record(&record)?;
+    }
+    if let Some(name) = &opts.name {
+        store.set_ref(&cairn_store::ref_name_for(name), &image_sha)?;
+    }
+    Ok(LazyPullReport {
+        reference: display,
+        name: opts.name.clone(),
+        image_digest: image_sha,
+        artifact_digest: found.artifact_digest.to_string(),
+        manifest_digest: found
+            .source
+            .map_or_else(|| found.artifact_digest.to_string(), |(d, _)| d.to_string()),
+        objects: objects.len() as u64,
+        object_bytes,
+        objects_local,
+        bytes_fetched: fetched,
+        complete,
+    })
+}
+
+/// The index's packs must be the artifact's, length for length.
+pub(crate) fn check_packs(a: &Artifact, index: &Index, what: &str) -> Result<(), RemoteError> {
+    if index.packs().len() != a.packs.len() {
+        return Err(RemoteError::invalid(
+            what,
+            format!(
+                "lists {} packs, the artifact has {}",
+                index.packs().len(),
+                a.packs.len()
+            ),
+        ));
+    }
+    for (i, (len, blob)) in index.packs().iter().zip(&a.packs).enumerate() {
+        if *len != blob.size {
+            return Err(RemoteError::invalid(
+                what,
+                format!(
+                    "pack {i} is {len} bytes, the artifact says {} ({})",
+                    blob.size, blob.digest
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Now, as RFC 3339 UTC.
+fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let days = secs.div_euclid(86400);
+    let rem = secs.rem_euclid(86400);
+    // Civil date from days since 1970-01-01.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_shape() {
+        let s = super::now_rfc3339();
+        assert_eq!(s.len(), 20, "{s}");
+        assert!(s.starts_with("20") && s.ends_with('Z'), "{s}");
+    }
+}

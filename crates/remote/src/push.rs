@@ -1,0 +1,470 @@
+//! `cairn push IMAGE REGISTRY/REPO:TAG`: publishes an image of the store as
+//! a lazy-image artifact.
+//!
+//! The objects go into packs in the order the EROFS image's directory
+//! walk first meets them (so files that sit together in the tree sit
+//! together in a pack, and one range request serves neighbours), the
+//! prefetch list's objects first. Each object is read from the store and
+//! checked against its name while it is packed: a corrupt object is an
+//! error, never a pack that would fail every fetch. Packs are built in
+//! memory one at a time (at most `pack_size` plus one chunk) and uploaded
+//! as each closes; blobs the repository has already are not uploaded
+//! again.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::Read;
+
+use cairn_erofs::tree::InodeData;
+use cairn_oci::client::Referrers;
+use cairn_oci::{ClientOptions, Digest, ImageRef, Registry};
+use cairn_spec::media_type::{
+    CAIRN_LAZY_EROFS, CAIRN_LAZY_INDEX, CAIRN_LAZY_PACK, CAIRN_LAZY_PREFETCH, OCI_CONFIG,
+    OCI_MANIFEST,
+};
+use cairn_store::{FsVerityHasher, ObjectId, Store};
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+
+use crate::artifact::{self, Blob};
+use crate::index::{Frame, IndexBuilder, CHUNK_SIZE};
+use crate::RemoteError;
+
+/// How to push.
+#[derive(Debug, Clone)]
+pub struct PushOptions {
+    pub client: ClientOptions,
+    /// A pack is closed once it holds this many bytes.
+    pub pack_size: u64,
+    /// Paths in the image whose objects are fetched first (and packed
+    /// first).
+    pub prefetch: Vec<Vec<u8>>,
+    /// zstd level of the frames.
+    pub level: i32,
+}
+
+impl Default for PushOptions {
+    fn default() -> Self {
+        PushOptions {
+            client: ClientOptions::default(),
+            pack_size: 64 << 20,
+            prefetch: Vec::new(),
+            level: 3,
+        }
+    }
+}
+
+/// What a push did.
+#[derive(Debug, Clone, Serialize)]
+pub struct PushReport {
+    pub image_digest: String,
+    /// `registry/repository:tag`.
+    pub target: String,
+    pub artifact_digest: String,
+    pub subject_digest: String,
+    pub objects: u64,
+    pub object_bytes: u64,
+    pub packs: usize,
+    /// Bytes of the packs (compressed).
+    pub pack_bytes: u64,
+    /// Blobs uploaded (others were in the repository already).
+    pub uploaded_blobs: usize,
+    /// How the referrers were recorded: `api` or `tag-schema`.
+    pub referrers: String,
+}
+
+/// Each path of an image backed by an object, and that object.
+type PathObjects = Vec<(Vec<u8>, ObjectId)>;
+
+/// One object to pack.
+struct ToPack {
+    id: ObjectId,
+    size: u64,
+}
+
+/// The objects of an EROFS image in walk order (each once), and the
+/// object of each path.
+fn objects_in_walk_order(
+    image: &[u8],
+    digest: &str,
+) -> Result<(Vec<ToPack>, PathObjects), RemoteError> {
+    let tree = cairn_erofs::reader::read_image(image).map_err(|e| RemoteError::CannotPush {
+        image: digest.to_string(),
+        why: format!("its EROFS image cannot be read: {e}"),
+    })?;
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut paths = Vec::new();
+    let mut bad = None;
+    tree.walk(|path, id, entry| {
+        if entry.hardlink {
+            return;
+        }
+        let inode = tree.inode(id);
+        let InodeData::Regular(reg) = &inode.data else {
+            return;
+        };
+        let Some(payload) = &reg.payload else {
+            return;
+        };
+        match object_id_of_payload(payload) {
+            Some(oid) => {
+                paths.push((path.to_vec(), oid));
+                if seen.insert(oid) {
+                    out.push(ToPack {
+                        id: oid,
+                        size: inode.size,
+                    });
+                }
+            }
+            None => {
+                bad.get_or_insert_with(|| String::from_utf8_lossy(path).into_owned());
+            }
+        }
+    });
+    if let Some(path) = bad {
+        return Err(RemoteError::CannotPush {
+            image: digest.to_string(),
+            why: format!("{path} is backed by something that is not an object of the store"),
+        });
+    }
+    Ok((out, paths))
+}
+
+/// The object a payload (`ab/cdef…`, leading `/` optional) names.
+pub(crate) fn object_id_of_payload(payload: &[u8]) -> Option<ObjectId> {
+    let p = payload.strip_prefix(b"/").unwrap_or(payload);
+    if p.len() != 65 || p[2] != b'/' {
+        return None;
+    }
+    let hex: Vec<u8> = p[..2].iter().chain(&p[3..]).copied().collect();
+    if !hex.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    ObjectId::from_hex(std::str::from_utf8(&hex).ok()?).ok()
+}
+
+/// Builds packs and the index as objects are added; hands each pack to
+/// `upload` as it closes.
+struct Packer<'a> {
+    pack_size: u64,
+    level: i32,
+    current: Vec<u8>,
+    index: IndexBuilder,
+    packs: Vec<Blob>,
+    upload: &'a mut dyn FnMut(&[u8]) -> Result<Blob, RemoteError>,
+}
+
+impl Packer<'_> {
+    fn pack_no(&self) -> u32 {
+        self.packs.len() as u32
+    }
+
+    fn frame(&mut self, data: &[u8], sha256: Option<[u8; 32]>) -> Result<Frame, RemoteError> {
+        let z = zstd::bulk::compress(data, self.level)
+            .map_err(|e| RemoteError::invalid("a pack frame", format!("zstd: {e}")))?;
+        let f = Frame {
+            pack: self.pack_no(),
+            offset: self.current.len() as u64,
+            compressed: z.len() as u64,
+            size: data.len() as u64,
+            sha256,
+        };
+        self.current.extend_from_slice(&z);
+        Ok(f)
+    }
+
+    fn close_if_full(&mut self) -> Result<(), RemoteError> {
+        if self.current.len() as u64 >= self.pack_size {
+            self.close()?;
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<(), RemoteError> {
+        if self.current.is_empty() {
+            return Ok(());
+        }
+        let blob = (self.upload)(&self.current)?;
+        self.index.add_pack(self.current.len() as u64);
+        self.packs.push(blob);
+        self.current.clear();
+        Ok(())
+    }
+
+    /// Packs the object `o` from `store`, checking it against its name.
+    fn add(&mut self, store: &Store, o: &ToPack) -> Result<(), RemoteError> {
+        let path = store.object_path(&o.id);
+        let corrupt = |why: String| RemoteError::CannotPush {
+            image: String::new(),
+            why: format!("object {} in the store: {why} (run `cairn fsck`)", o.id),
+        };
+        let mut file = File::open(&path).map_err(|e| corrupt(format!("opening: {e}")))?;
+        let mut hasher = FsVerityHasher::new();
+        let cs = u64::from(CHUNK_SIZE);
+        let mut buf = vec![0u8; usize::try_from(o.size.min(cs)).unwrap_or(0)];
+        if o.size <= cs {
+            file.read_exact(&mut buf)
+                .map_err(|e| corrupt(format!("reading {} bytes: {e}", o.size)))?;
+            hasher.update(&buf);
+            let f = self.frame(&buf, None)?;
+            self.finish_object(&mut file, hasher, o, vec![f])?;
+            return self.close_if_full();
+        }
+        let mut frames = Vec::new();
+        let mut left = o.size;
+        while left > 0 {
+            let n = usize::try_from(left.min(cs)).unwrap_or(0);
+            file.read_exact(&mut buf[..n])
+                .map_err(|e| corrupt(format!("reading at {}: {e}", o.size - left)))?;
+            hasher.update(&buf[..n]);
+            let sha: [u8; 32] = Sha256::digest(&buf[..n]).into();
+            let chunk = buf[..n].to_vec();
+            frames.push(self.frame(&chunk, Some(sha))?);
+            left -= n as u64;
+            self.close_if_full()?;
+        }
+        self.finish_object(&mut file, hasher, o, frames)
+    }
+
+    fn finish_object(
+        &mut self,
+        file: &mut File,
+        hasher: FsVerityHasher,
+        o: &ToPack,
+        frames: Vec<Frame>,
+    ) -> Result<(), RemoteError> {
+        let mut probe = [0u8; 1];
+        if matches!(file.read(&mut probe), Ok(1)) {
+            return Err(RemoteError::CannotPush {
+                image: String::new(),
+                why: format!(
+                    "object {} in the store is longer than the {} bytes the image gives it \
+                     (run `cairn fsck`)",
+                    o.id, o.size
+                ),
+            });
+        }
+        let actual = hasher.finalize();
+        if actual != o.id {
+            return Err(RemoteError::CannotPush {
+                image: String::new(),
+                why: format!(
+                    "object {} in the store hashes to {actual} (run `cairn fsck`)",
+                    o.id
+                ),
+            });
+        }
+        self.index.add_object(o.id, o.size, frames);
+        Ok(())
+    }
+}
+
+/// Pushes the store's image `image_digest` to `target` as a lazy-image
+/// artifact tagged as `target` says, and records it as a referrer of the
+/// image's manifest.
+pub fn push(
+    store: &Store,
+    image_digest: &str,
+    target: &ImageRef,
+    opts: &PushOptions,
+) -> Result<PushReport, RemoteError> {
+    let cannot = |why: String| RemoteError::CannotPush {
+        image: image_digest.to_string(),
+        why,
+    };
+    let record = store.image_record(image_digest)?.ok_or_else(|| {
+        cannot(
+            "it has no image record (made by `cairn mkfs`?), so there is no manifest to name as \
+             the artifact's subject; pull or import the image first"
+                .to_string(),
+        )
+    })?;
+    if record.lazy.is_some() {
+        return Err(cannot(
+            "it is incomplete (pulled with --lazy); `cairn fetch` it first".to_string(),
+        ));
+    }
+    let manifest_digest = Digest::parse(&record.manifest_digest)
+        .map_err(|e| cannot(format!("its record's manifest digest: {e}")))?;
+    if Digest::of(record.manifest.as_bytes()) != manifest_digest {
+        return Err(cannot(format!(
+            "its record's manifest does not hash to {manifest_digest} (run `cairn fsck`)"
+        )));
+    }
+    let manifest: serde_json::Value = serde_json::from_str(&record.manifest)
+        .map_err(|e| cannot(format!("its record's manifest: {e}")))?;
+    let subject = Blob {
+        media_type: manifest["mediaType"]
+            .as_str()
+            .unwrap_or(OCI_MANIFEST)
+            .to_string(),
+        digest: manifest_digest.clone(),
+        size: record.manifest.len() as u64,
+    };
+    let config = Blob {
+        media_type: manifest["config"]["mediaType"]
+            .as_str()
+            .unwrap_or(OCI_CONFIG)
+            .to_string(),
+        digest: Digest::of(record.config.as_bytes()),
+        size: record.config.len() as u64,
+    };
+    if config.digest.as_str() != record.config_digest {
+        return Err(cannot(format!(
+            "its record's config does not hash to {} (run `cairn fsck`)",
+            record.config_digest
+        )));
+    }
+
+    let image = std::fs::read(store.image_path(image_digest))
+        .map_err(|e| cannot(format!("reading its EROFS image: {e}")))?;
+    let (mut objects, paths) = objects_in_walk_order(&image, image_digest)?;
+    let mut prefetch_ids = Vec::new();
+    for p in &opts.prefetch {
+        let Some((_, id)) = paths.iter().find(|(q, _)| q == p) else {
+            return Err(cannot(format!(
+                "prefetch path {} is not a file backed by an object in the image",
+                String::from_utf8_lossy(p)
+            )));
+        };
+        if !prefetch_ids.contains(id) {
+            prefetch_ids.push(*id);
+        }
+    }
+    // Prefetched objects first, the rest in walk order.
+    objects.sort_by_key(|o| {
+        prefetch_ids
+            .iter()
+            .position(|p| *p == o.id)
+            .unwrap_or(usize::MAX)
+    });
+
+    let reg = Registry::for_push(target, &opts.client);
+    let repo = target.repository.clone();
+    let mut uploaded = 0usize;
+    let mut upload = |data: &[u8], media_type: &str, what: &str| -> Result<Blob, RemoteError> {
+        let digest = Digest::of(data);
+        if reg.push_blob(&repo, &digest, data, &format!("{what} {digest}"))? {
+            uploaded += 1;
+        }
+        Ok(Blob {
+            media_type: media_type.to_string(),
+            digest,
+            size: data.len() as u64,
+        })
+    };
+    let config = Blob {
+        media_type: config.media_type.clone(),
+        ..upload(record.config.as_bytes(), &config.media_type, "config")?
+    };
+    let erofs_z = zstd::bulk::compress(&image, 9)
+        .map_err(|e| RemoteError::invalid("the EROFS image", format!("zstd: {e}")))?;
+    let erofs = upload(&erofs_z, CAIRN_LAZY_EROFS, "EROFS metadata")?;
+    drop(erofs_z);
+
+    let mut upload_pack = |data: &[u8]| upload(data, CAIRN_LAZY_PACK, "pack");
+    let mut packer = Packer {
+        pack_size: opts.pack_size.max(1),
+        level: opts.level,
+        current: Vec::new(),
+        index: IndexBuilder::new(),
+        packs: Vec::new(),
+        upload: &mut upload_pack,
+    };
+    let mut object_bytes = 0u64;
+    for o in &objects {
+        packer.add(store, o).map_err(|e| match e {
+            RemoteError::CannotPush { why, .. } => cannot(why),
+            e => e,
+        })?;
+        object_bytes += o.size;
+    }
+    packer.close()?;
+    let Packer {
+        index: builder,
+        packs,
+        ..
+    } = packer;
+    let index_bytes = builder.finish();
+    let index_z = zstd::bulk::compress(&index_bytes, 3)
+        .map_err(|e| RemoteError::invalid("the index", format!("zstd: {e}")))?;
+    let index = upload(&index_z, CAIRN_LAZY_INDEX, "index")?;
+    let prefetch = if prefetch_ids.is_empty() {
+        None
+    } else {
+        let list: Vec<u8> = prefetch_ids.iter().flat_map(|id| id.0).collect();
+        Some(upload(&list, CAIRN_LAZY_PREFETCH, "prefetch list")?)
+    };
+    let erofs_sha = hex::encode(Sha256::digest(&image));
+    let manifest_bytes = artifact::manifest_bytes(&artifact::Parts {
+        config: &config,
+        subject: &subject,
+        erofs: &erofs,
+        erofs_sha256: &erofs_sha,
+        erofs_size: image.len() as u64,
+        index: &index,
+        prefetch: prefetch.as_ref(),
+        packs: &packs,
+        objects: objects.len() as u64,
+    });
+    let artifact_blob = Blob {
+        media_type: OCI_MANIFEST.to_string(),
+        digest: Digest::of(&manifest_bytes),
+        size: manifest_bytes.len() as u64,
+    };
+    let reference = target
+        .tag
+        .clone()
+        .unwrap_or_else(|| artifact_blob.digest.to_string());
+    reg.put_manifest(
+        &repo,
+        &reference,
+        OCI_MANIFEST,
+        &manifest_bytes,
+        &format!("artifact {}", artifact_blob.digest),
+    )?;
+    let referrers = match reg.referrers(&repo, &manifest_digest, None)? {
+        // The registry indexes the subject itself.
+        Referrers::Index(_) => "api",
+        Referrers::NoApi => {
+            let tag = artifact::referrers_tag(&manifest_digest);
+            let what = format!("referrers index {}/{repo}:{tag}", reg.name());
+            let existing = match reg.fetch_manifest(
+                &repo,
+                &tag,
+                &[cairn_spec::media_type::OCI_INDEX],
+                cairn_oci::client::BodySize::AtMost(artifact::MAX_ARTIFACT_MANIFEST),
+                &what,
+            ) {
+                Ok(m) => Some(m.bytes),
+                Err(cairn_oci::PullError::ManifestUnknown { .. }) => None,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(updated) =
+                artifact::add_referrer(existing.as_deref(), &artifact_blob, &what)?
+            {
+                reg.put_manifest(
+                    &repo,
+                    &tag,
+                    cairn_spec::media_type::OCI_INDEX,
+                    &updated,
+                    &what,
+                )?;
+            }
+            "tag-schema"
+        }
+    };
+    Ok(PushReport {
+        image_digest: image_digest.to_string(),
+        target: format!("{}/{repo}:{reference}", reg.name()),
+        artifact_digest: artifact_blob.digest.to_string(),
+        subject_digest: manifest_digest.to_string(),
+        objects: objects.len() as u64,
+        object_bytes,
+        packs: packs.len(),
+        pack_bytes: packs.iter().map(|p| p.size).sum(),
+        uploaded_blobs: uploaded,
+        referrers: referrers.to_string(),
+    })
+}
