@@ -41,6 +41,7 @@ mod import;
 mod memcpy;
 mod mkfs;
 mod pull;
+mod remote_cmds;
 mod run_cmds;
 mod store_cmds;
 
@@ -96,8 +97,12 @@ enum Command {
     },
     /// Mount an image: EROFS metadata over the store's objects, via overlayfs.
     Mount(MountArgs),
-    /// Pull an image from a registry into the store.
+    /// Pull an image from a registry into the store (--lazy: its metadata only, contents on demand).
     Pull(pull::PullArgs),
+    /// Publish an image of the store as a lazy-image artifact (metadata, object index, packs) that `pull --lazy` finds.
+    Push(remote_cmds::PushArgs),
+    /// Complete an image pulled with --lazy: fetch the objects it lacks.
+    Fetch(remote_cmds::FetchArgs),
     /// Show which kernel features cairn uses are present on this machine.
     Probe,
     /// Unmount what `cairn mount` mounted.
@@ -246,6 +251,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Mkfs(args) => mkfs::run(g, &args),
         Command::Dump { image } => dump(g, &image),
         Command::Pull(args) => pull::run(g, &args),
+        Command::Push(args) => remote_cmds::push(g, &args),
+        Command::Fetch(args) => remote_cmds::fetch(g, &args),
         Command::Probe => probe(g),
         Command::Mount(args) => mount(g, &args),
         Command::Umount { mountpoint, lazy } => {
@@ -328,6 +335,7 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
     // A file is checked and copied into images/, so the mount's source
     // names the store's image and gc sees what it uses.
     let (digest, _) = store_cmds::resolve_into_store(&store, &args.image)?;
+    refuse_incomplete(&store, &digest, &args.image)?;
     let image = store.image_path(&digest);
     let objects = store.objects_dir();
     let opts = cairn_mount::MountOptions {
@@ -359,6 +367,29 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
             .map(|m| format!("{}:{}:{}", m.uid, m.gid, m.count)),
     };
     output(g, &report, |_| String::new())
+}
+
+/// An image pulled with --lazy lacks objects: overlayfs would fail its
+/// reads, so it is not mounted until `cairn fetch` completes it.
+pub(crate) fn refuse_incomplete(store: &cairn_store::Store, digest: &str, arg: &str) -> Result<()> {
+    if let Some(lazy) = store
+        .image_record(digest)
+        .ok()
+        .flatten()
+        .and_then(|r| r.lazy)
+    {
+        let mut lookup = store.object_lookup();
+        let local = store
+            .image_contents(digest)
+            .map(|c| c.objects.keys().filter(|id| lookup.has(id)).count())
+            .unwrap_or(0);
+        bail!(
+            "image {arg} is incomplete (pulled with --lazy): {local} of its {} objects are \
+             local; `cairn fetch {arg}` fetches the rest",
+            lazy.objects
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

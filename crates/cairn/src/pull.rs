@@ -49,6 +49,9 @@ pub struct PullArgs {
     /// Attempts per request or layer, the first included (transient errors only).
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub attempts: u32,
+    /// Metadata only: find the image's cairn lazy artifact (or REF is one), store the image as incomplete; `cairn fetch` completes it. Fails, saying why, for an image without one.
+    #[arg(long)]
+    pub lazy: bool,
 }
 
 #[derive(Serialize)]
@@ -85,6 +88,9 @@ pub fn run(g: &Global, args: &PullArgs) -> Result<()> {
     };
     let store = cairn_store::Store::open(&g.root)
         .with_context(|| format!("opening the store at {}", g.root.display()))?;
+    if args.lazy {
+        return lazy(g, &store, &reference, opts, start);
+    }
     let progress: Box<dyn PullObserver> = if g.quiet {
         Box::new(|_: &PullEvent<'_>| {})
     } else if std::io::stderr().is_terminal() {
@@ -115,7 +121,55 @@ pub fn run(g: &Global, args: &PullArgs) -> Result<()> {
     })
 }
 
-fn human_bytes(n: u64) -> String {
+/// `cairn pull --lazy`.
+fn lazy(
+    g: &Global,
+    store: &cairn_store::Store,
+    reference: &ImageRef,
+    opts: PullOptions,
+    start: Instant,
+) -> Result<()> {
+    let lazy_opts = cairn_remote::LazyPullOptions {
+        client: opts.client,
+        platform: opts.platform,
+        name: opts.name,
+    };
+    let report = cairn_remote::pull_lazy(store, reference, &lazy_opts)?;
+    #[derive(Serialize)]
+    struct Out {
+        #[serde(flatten)]
+        report: cairn_remote::LazyPullReport,
+        seconds: f64,
+    }
+    let out = Out {
+        report,
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    output(g, &out, |o| {
+        let r = &o.report;
+        if r.complete {
+            format!(
+                "pulled {} lazily: image {} is complete in the store already",
+                r.name.as_deref().unwrap_or(&r.reference),
+                r.image_digest
+            )
+        } else {
+            format!(
+                "pulled {} lazily: image {} (artifact {}; metadata {}; {} of {} objects local, {} to fetch; {:.1} s)",
+                r.name.as_deref().unwrap_or(&r.reference),
+                r.image_digest,
+                r.artifact_digest,
+                human_bytes(r.bytes_fetched),
+                r.objects_local,
+                r.objects,
+                human_bytes(r.object_bytes),
+                o.seconds
+            )
+        }
+    })
+}
+
+pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

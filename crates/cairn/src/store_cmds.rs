@@ -163,6 +163,20 @@ struct ImageRow {
     mounted_on: Vec<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// For an incomplete image (pulled with --lazy): how much of it is local.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    incomplete: Option<LocalShare>,
+}
+
+/// How much of an incomplete image is in the store.
+#[derive(Serialize)]
+struct LocalShare {
+    objects_local: u64,
+    objects: u64,
+    bytes_local: u64,
+    bytes: u64,
+    /// Where the rest comes from: `registry/repository@artifact`.
+    source: String,
 }
 
 fn images(g: &Global) -> Result<()> {
@@ -172,11 +186,18 @@ fn images(g: &Global) -> Result<()> {
         .images
         .iter()
         .map(|i| {
-            let created = store
-                .image_record(&i.digest)
-                .ok()
-                .flatten()
-                .and_then(|r| r.created);
+            let record = store.image_record(&i.digest).ok().flatten();
+            let incomplete = record
+                .as_ref()
+                .and_then(|r| r.lazy.as_ref())
+                .map(|l| LocalShare {
+                    objects_local: i.objects - i.missing_objects,
+                    objects: i.objects,
+                    bytes_local: i.object_bytes,
+                    bytes: l.object_bytes,
+                    source: format!("{}/{}@{}", l.registry, l.repository, l.artifact_digest),
+                });
+            let created = record.and_then(|r| r.created);
             ImageRow {
                 names: i.names.iter().map(|n| shown(n)).collect(),
                 digest: i.digest.clone(),
@@ -193,12 +214,13 @@ fn images(g: &Global) -> Result<()> {
                 missing_objects: i.missing_objects,
                 mounted_on: i.mounts.clone(),
                 error: i.error.clone(),
+                incomplete,
             }
         })
         .collect();
     output(g, &rows, |rows| {
         let mut t = Table::new(&[
-            "NAME", "DIGEST", "CREATED", "SIZE", "SHARED", "UNIQUE", "FILES", "MOUNTED",
+            "NAME", "DIGEST", "CREATED", "SIZE", "SHARED", "UNIQUE", "FILES", "MOUNTED", "LOCAL",
         ]);
         for r in rows {
             let names = if r.names.is_empty() {
@@ -224,6 +246,16 @@ fn images(g: &Global) -> Result<()> {
                         (Some(_), _) => "unreadable (run cairn fsck)".into(),
                         (None, 0) => String::new(),
                         (None, n) => format!("{n}"),
+                    },
+                    match &r.incomplete {
+                        Some(l) => format!(
+                            "{}/{} objects, {}/{} (incomplete)",
+                            l.objects_local,
+                            l.objects,
+                            human_bytes(l.bytes_local),
+                            human_bytes(l.bytes)
+                        ),
+                        None => String::new(),
                     },
                 ]);
             }

@@ -119,6 +119,18 @@ impl LocalRegistry {
         panic!("docker-registry did not come up");
     }
 
+    /// Where the registry keeps blob `digest` (`sha256:<hex>`) on disk:
+    /// a test that must make it serve wrong bytes changes this file.
+    pub fn blob_path(&self, digest: &str) -> PathBuf {
+        let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+        self._dir
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
     /// `127.0.0.1:<port>/<repo>:<tag>`.
     pub fn reference(&self, repo_tag: &str) -> String {
         format!("{}/{repo_tag}", self.addr)

@@ -1,0 +1,291 @@
+//! Lazy images end to end against Debian's docker-registry 2.8 on
+//! 127.0.0.1 (no referrers API: the referrers tag schema is used):
+//! `cairn push` of a pulled image, `cairn pull --lazy` into a fresh store
+//! (only metadata crosses the wire, counted by a proxy), `cairn fetch`,
+//! and then the same image as a full pull; the clear error for an image
+//! without an artifact; a registry that serves wrong bytes; a fetch killed
+//! midway and run again.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::images::ImageSet;
+use support::proxy::SlowProxy;
+use support::registry::LocalRegistry;
+use support::{assert_fsck_clean, cairn_cmd, cairn_ok, cairn_out};
+
+fn json(root: &Path, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = cairn_ok(root, &all);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+/// Every object of a store.
+fn objects(root: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for fan in std::fs::read_dir(root.join("objects")).unwrap().flatten() {
+        for o in std::fs::read_dir(fan.path()).unwrap().flatten() {
+            out.insert(format!(
+                "{}{}",
+                fan.file_name().to_string_lossy(),
+                o.file_name().to_string_lossy()
+            ));
+        }
+    }
+    out
+}
+
+/// The `cairn images --json` row of `digest`.
+fn image_row(root: &Path, digest: &str) -> Value {
+    json(root, &["images"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["digest"] == digest)
+        .unwrap_or_else(|| panic!("no image {digest}"))
+        .clone()
+}
+
+/// A registry with the test image set in `lazy/set`, the `full` image
+/// pulled into `a` and pushed as an artifact tagged `full-lazy` (packs of
+/// `pack_size`). Returns the push report.
+fn published(reg: &LocalRegistry, a: &Path, pack_size: &str) -> Value {
+    ImageSet::get().push(reg, "lazy/set");
+    let reference = reg.reference("lazy/set:full");
+    cairn_ok(a, &["pull", "-q", &reference]);
+    json(
+        a,
+        &[
+            "push",
+            &reference,
+            &reg.reference("lazy/set:full-lazy"),
+            "--pack-size",
+            pack_size,
+        ],
+    )
+}
+
+#[test]
+fn push_pull_lazy_fetch_equals_a_full_pull() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    let push = published(&reg, &a, "256K");
+    assert_eq!(push["referrers"], "tag-schema", "{push:#}");
+    assert!(push["packs"].as_u64().unwrap() > 1, "{push:#}");
+    let full_digest = push["image_digest"].as_str().unwrap().to_string();
+
+    // A fresh store, through a proxy that counts what the registry sends.
+    let proxy = SlowProxy::start(&reg.addr, 64 << 10);
+    let via = format!("{}/lazy/set:full", proxy.addr);
+    let pulled = json(&b, &["pull", "--lazy", &via]);
+    assert_eq!(pulled["image_digest"], full_digest.as_str(), "{pulled:#}");
+    assert_eq!(pulled["complete"], false);
+    let object_bytes = pulled["object_bytes"].as_u64().unwrap();
+    let metadata = proxy.bytes_down();
+    assert!(
+        metadata * 4 < object_bytes,
+        "pull --lazy moved {metadata} bytes for an image of {object_bytes} object bytes"
+    );
+    assert!(objects(&b).is_empty(), "pull --lazy stored objects");
+    let row = image_row(&b, &full_digest);
+    assert_eq!(row["incomplete"]["objects_local"], 0, "{row:#}");
+    assert_eq!(row["incomplete"]["objects"], pulled["objects"], "{row:#}");
+    assert_eq!(row["incomplete"]["bytes"], object_bytes, "{row:#}");
+    let table = cairn_ok(&b, &["images"]);
+    assert!(table.contains("(incomplete)"), "{table}");
+    // Missing objects are what an incomplete image is, not corruption.
+    assert_fsck_clean(&b, "after pull --lazy");
+    // The metadata is all there.
+    assert_eq!(
+        cairn_ok(&b, &["dump", &via]),
+        cairn_ok(&a, &["dump", &reg.reference("lazy/set:full")])
+    );
+    // Not mountable until complete, and said so.
+    let out = cairn_out(&b, &["mount", &via, "/nonexistent-mountpoint"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("is incomplete") && err.contains("cairn fetch"),
+        "{err}"
+    );
+    // gc keeps an incomplete image (named) and its index.
+    cairn_ok(&b, &["gc"]);
+    assert!(b
+        .join("images")
+        .join(format!("{full_digest}.lazy-index"))
+        .is_file());
+
+    let fetched = json(&b, &["fetch", &via]);
+    assert_eq!(fetched["was_complete"], false, "{fetched:#}");
+    assert_eq!(fetched["fetched_objects"], pulled["objects"], "{fetched:#}");
+    let requests = fetched["requests"].as_u64().unwrap();
+    assert!(
+        requests < fetched["fetched_objects"].as_u64().unwrap(),
+        "neighbours were not coalesced: {fetched:#}"
+    );
+    // Now it is the image a full pull makes, with the same objects.
+    let row = image_row(&b, &full_digest);
+    assert!(row.get("incomplete").is_none(), "{row:#}");
+    assert_eq!(row["missing_objects"], 0, "{row:#}");
+    let (oa, ob) = (objects(&a), objects(&b));
+    assert!(
+        ob.is_subset(&oa),
+        "fetched objects a full pull does not have"
+    );
+    assert_eq!(ob.len() as u64, pulled["objects"].as_u64().unwrap());
+    assert!(!b
+        .join("images")
+        .join(format!("{full_digest}.lazy-index"))
+        .exists());
+    assert_fsck_clean(&b, "after fetch");
+    let again = json(&b, &["fetch", &via]);
+    assert_eq!(again["was_complete"], true);
+    cairn_ok(&b, &["gc"]);
+    assert_eq!(objects(&b), ob, "gc removed objects of a complete image");
+
+    // `pull --lazy` of the artifact itself works too, and of an image
+    // that is complete in the store already changes nothing.
+    let c = dir.path().join("c");
+    let direct = json(
+        &c,
+        &["pull", "--lazy", &reg.reference("lazy/set:full-lazy")],
+    );
+    assert_eq!(direct["image_digest"], full_digest.as_str());
+    assert_eq!(direct["manifest_digest"], push["subject_digest"]);
+    let again = json(&b, &["pull", "--lazy", &via]);
+    assert_eq!(again["complete"], true, "{again:#}");
+}
+
+#[test]
+fn lazy_pull_of_a_plain_image_says_why() {
+    let reg = LocalRegistry::start();
+    ImageSet::get().push(&reg, "lazy/plain");
+    let dir = tempfile::tempdir().unwrap();
+    let reference = reg.reference("lazy/plain:a");
+    let out = cairn_out(dir.path(), &["pull", "--lazy", &reference]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for needle in [
+        reference.as_str(),
+        "cannot be started lazily",
+        "no cairn lazy artifact",
+        "eStargz",
+        "referrers tag schema",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in: {err}");
+    }
+    assert!(
+        support::listing(dir.path(), "images").is_empty(),
+        "a failed lazy pull stored an image"
+    );
+    assert!(support::listing(dir.path(), "refs").is_empty());
+    // The full pull still works.
+    cairn_ok(dir.path(), &["pull", "-q", &reference]);
+}
+
+#[test]
+fn wrong_bytes_from_the_registry_are_refused_and_named() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    let push = published(&reg, &a, "256K");
+    let artifact = push["artifact_digest"].as_str().unwrap();
+    let manifest: Value = serde_json::from_reader(
+        ureq::get(&format!(
+            "http://{}/v2/lazy/set/manifests/{artifact}",
+            reg.addr
+        ))
+        .set("Accept", "application/vnd.oci.image.manifest.v1+json")
+        .call()
+        .unwrap()
+        .into_reader(),
+    )
+    .unwrap();
+    let packs: Vec<String> = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.pack")
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect();
+    let reference = reg.reference("lazy/set:full");
+    let pulled = json(&b, &["pull", "--lazy", &reference]);
+    let digest = pulled["image_digest"].as_str().unwrap().to_string();
+
+    // The registry now serves the first pack with one byte changed.
+    let path = reg.blob_path(&packs[0]);
+    let mut data = std::fs::read(&path).unwrap();
+    let mid = data.len() / 2;
+    data[mid] ^= 0x55;
+    std::fs::write(&path, &data).unwrap();
+
+    let out = cairn_out(&b, &["fetch", &reference, "--attempts", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("from blob {}", packs[0]))
+            && err.contains("object ")
+            && err.contains("nothing of it was stored"),
+        "{err}"
+    );
+    // Still incomplete; what it has is sound.
+    let row = image_row(&b, &digest);
+    assert!(row.get("incomplete").is_some(), "{row:#}");
+    assert_fsck_clean(&b, "after a fetch of wrong bytes");
+    for o in objects(&b) {
+        assert!(
+            objects(&a).contains(&o),
+            "object {o} is not one of the image's"
+        );
+    }
+}
+
+#[test]
+fn a_fetch_killed_midway_is_finished_by_the_next() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    published(&reg, &a, "256K");
+    let proxy = SlowProxy::start(&reg.addr, 16 << 10);
+    let via = format!("{}/lazy/set:full", proxy.addr);
+    let pulled = json(&b, &["pull", "--lazy", &via]);
+    let digest = pulled["image_digest"].as_str().unwrap().to_string();
+    let before = proxy.bytes_down();
+    proxy.set_delay(Duration::from_millis(15));
+    let mut child = cairn_cmd(&b)
+        .args(["fetch", &via])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while proxy.bytes_down() < before + (1 << 20) {
+        assert!(Instant::now() < deadline, "the fetch did not get going");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the fetch ended before it could be killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    proxy.set_delay(Duration::ZERO);
+    let row = image_row(&b, &digest);
+    assert!(row.get("incomplete").is_some(), "{row:#}");
+    assert_fsck_clean(&b, "after a killed fetch");
+    let fetched = json(&b, &["fetch", &via]);
+    assert_eq!(fetched["was_complete"], false);
+    let row = image_row(&b, &digest);
+    assert!(row.get("incomplete").is_none(), "{row:#}");
+    assert_eq!(row["missing_objects"], 0);
+    assert_fsck_clean(&b, "after the second fetch");
+}
