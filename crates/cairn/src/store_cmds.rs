@@ -179,6 +179,21 @@ struct LocalShare {
     source: String,
 }
 
+/// How much of an image is local, if it is incomplete (its record has a
+/// lazy source).
+fn local_share(
+    record: &cairn_store::ImageRecord,
+    i: &cairn_store::ImageUsage,
+) -> Option<LocalShare> {
+    record.lazy.as_ref().map(|l| LocalShare {
+        objects_local: i.objects - i.missing_objects,
+        objects: i.objects,
+        bytes_local: i.object_bytes,
+        bytes: l.object_bytes,
+        source: format!("{}/{}@{}", l.registry, l.repository, l.artifact_digest),
+    })
+}
+
 fn images(g: &Global) -> Result<()> {
     let store = open_existing(g)?;
     let usage = store.usage().context("measuring the store")?;
@@ -187,16 +202,7 @@ fn images(g: &Global) -> Result<()> {
         .iter()
         .map(|i| {
             let record = store.image_record(&i.digest).ok().flatten();
-            let incomplete = record
-                .as_ref()
-                .and_then(|r| r.lazy.as_ref())
-                .map(|l| LocalShare {
-                    objects_local: i.objects - i.missing_objects,
-                    objects: i.objects,
-                    bytes_local: i.object_bytes,
-                    bytes: l.object_bytes,
-                    source: format!("{}/{}@{}", l.registry, l.repository, l.artifact_digest),
-                });
+            let incomplete = record.as_ref().and_then(|r| local_share(r, i));
             let created = record.and_then(|r| r.created);
             ImageRow {
                 names: i.names.iter().map(|n| shown(n)).collect(),
@@ -519,6 +525,16 @@ struct DfReport {
     /// What `cairn gc` would free.
     reclaimable: CategoryRow,
     broken_refs: Vec<String>,
+    /// Images pulled with --lazy and not yet complete.
+    incomplete: Vec<IncompleteRow>,
+}
+
+#[derive(Serialize)]
+struct IncompleteRow {
+    digest: String,
+    names: Vec<String>,
+    #[serde(flatten)]
+    local: LocalShare,
 }
 
 fn df(g: &Global) -> Result<()> {
@@ -544,6 +560,18 @@ fn df(g: &Global) -> Result<()> {
         dedup_ratio: u.dedup_ratio(),
         reclaimable: row("reclaimable", &u.unreferenced),
         broken_refs: u.broken_refs.iter().map(|n| shown(n)).collect(),
+        incomplete: u
+            .images
+            .iter()
+            .filter_map(|i| {
+                let record = store.image_record(&i.digest).ok().flatten()?;
+                Some(IncompleteRow {
+                    digest: i.digest.clone(),
+                    names: i.names.iter().map(|n| shown(n)).collect(),
+                    local: local_share(&record, i)?,
+                })
+            })
+            .collect(),
     };
     output(g, &report, |r| {
         let mut t = Table::new(&["CATEGORY", "COUNT", "SIZE", "ON DISK"]);
@@ -565,6 +593,19 @@ fn df(g: &Global) -> Result<()> {
             human_bytes(r.physical_bytes),
             r.dedup_ratio
         ));
+        for i in &r.incomplete {
+            text.push_str(&format!(
+                "\nincomplete (pulled with --lazy): {} ({}): {}/{} objects, {}/{} local; \
+                 the rest from {}",
+                i.names.first().map_or("<none>", String::as_str),
+                &i.digest[..12],
+                i.local.objects_local,
+                i.local.objects,
+                human_bytes(i.local.bytes_local),
+                human_bytes(i.local.bytes),
+                i.local.source
+            ));
+        }
         if !r.broken_refs.is_empty() {
             text.push_str(&format!(
                 "\nnames without a sound image (run cairn fsck): {}",

@@ -100,6 +100,15 @@ fn push_pull_lazy_fetch_equals_a_full_pull() {
     assert_eq!(row["incomplete"]["bytes"], object_bytes, "{row:#}");
     let table = cairn_ok(&b, &["images"]);
     assert!(table.contains("(incomplete)"), "{table}");
+    let df = json(&b, &["df"]);
+    assert_eq!(
+        df["incomplete"][0]["digest"],
+        full_digest.as_str(),
+        "{df:#}"
+    );
+    assert_eq!(df["incomplete"][0]["objects_local"], 0, "{df:#}");
+    let text = cairn_ok(&b, &["df"]);
+    assert!(text.contains("incomplete (pulled with --lazy)"), "{text}");
     // Missing objects are what an incomplete image is, not corruption.
     assert_fsck_clean(&b, "after pull --lazy");
     // The metadata is all there.
@@ -134,6 +143,7 @@ fn push_pull_lazy_fetch_equals_a_full_pull() {
     let row = image_row(&b, &full_digest);
     assert!(row.get("incomplete").is_none(), "{row:#}");
     assert_eq!(row["missing_objects"], 0, "{row:#}");
+    assert_eq!(json(&b, &["df"])["incomplete"], serde_json::json!([]));
     let (oa, ob) = (objects(&a), objects(&b));
     assert!(
         ob.is_subset(&oa),
