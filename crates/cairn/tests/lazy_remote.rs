@@ -186,7 +186,7 @@ fn lazy_pull_of_a_plain_image_says_why() {
         reference.as_str(),
         "cannot be started lazily",
         "no cairn lazy artifact",
-        "eStargz",
+        "no eStargz table of contents",
         "referrers tag schema",
     ] {
         assert!(err.contains(needle), "{needle:?} not in: {err}");

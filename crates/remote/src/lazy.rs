@@ -189,16 +189,25 @@ fn find_artifact(
             .iter()
             .map(|l| l.media_type.as_str())
             .collect();
+        let stargz = has_stargz_toc(&resolved.manifest_bytes);
+        let toc = if stargz {
+            "its layers carry eStargz table-of-contents annotations, but cairn reads only its \
+             own artifacts lazily"
+                .to_string()
+        } else {
+            format!(
+                "it has no eStargz table of contents either (its layers are plain {})",
+                layers.join(", ")
+            )
+        };
         return Err(RemoteError::NotLazy {
             reference: display.clone(),
             why: format!(
                 "no cairn lazy artifact ({}) refers to its manifest {subject} in {}/{repo} \
-                 (looked up through {how}), and it has no eStargz table of contents (its \
-                 layers are plain {}); `cairn pull {display}` pulls it whole, and `cairn push` \
-                 publishes an artifact for it",
+                 (looked up through {how}), and {toc}; `cairn pull {display}` pulls it whole, \
+                 and `cairn push` publishes an artifact for it",
                 media_type::CAIRN_LAZY_ARTIFACT,
                 r.registry,
-                layers.join(", ")
             ),
         });
     };
@@ -209,6 +218,23 @@ fn find_artifact(
         artifact_bytes: bytes,
         source: Some((subject.clone(), resolved.manifest_bytes)),
     })
+}
+
+/// The layer annotation eStargz images carry (the digest of each layer's
+/// table of contents).
+const STARGZ_TOC_ANNOTATION: &str = "containerd.io/snapshot/stargz/toc.digest";
+
+/// Whether any layer of the manifest says it is eStargz.
+fn has_stargz_toc(manifest: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(manifest)
+        .ok()
+        .and_then(|m| {
+            m["layers"].as_array().map(|ls| {
+                ls.iter()
+                    .any(|l| l["annotations"][STARGZ_TOC_ANNOTATION].is_string())
+            })
+        })
+        .unwrap_or(false)
 }
 
 /// Fetches a whole blob of the artifact and checks its digest.
@@ -463,6 +489,15 @@ fn now_rfc3339() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn stargz_annotations_are_seen() {
+        let plain = br#"{"layers":[{"mediaType":"x","digest":"d","size":1}]}"#;
+        assert!(!super::has_stargz_toc(plain));
+        let stargz = br#"{"layers":[{"annotations":{"containerd.io/snapshot/stargz/toc.digest":"sha256:00"}}]}"#;
+        assert!(super::has_stargz_toc(stargz));
+        assert!(!super::has_stargz_toc(b"not json"));
+    }
+
     #[test]
     fn rfc3339_shape() {
         let s = super::now_rfc3339();
