@@ -131,6 +131,33 @@ fn push_pull_lazy_fetch_equals_a_full_pull() {
         .join(format!("{full_digest}.lazy-index"))
         .is_file());
 
+    // The library the FUSE data layer uses: one object on demand.
+    {
+        let store = cairn_store::Store::open(&b).unwrap();
+        let client = cairn_oci::ClientOptions {
+            auth_files: Vec::new(),
+            ..cairn_oci::ClientOptions::default()
+        };
+        let remote = cairn_remote::RemoteObjects::open(&store, &full_digest, &client).unwrap();
+        let entries: Vec<_> = remote.index().entries().collect();
+        let single = entries.iter().find(|e| !e.is_chunked()).unwrap();
+        let chunked = entries.iter().find(|e| e.is_chunked()).unwrap();
+        for e in [single, chunked] {
+            let mut out = Vec::new();
+            assert_eq!(remote.fetch(&e.id, &mut out).unwrap(), e.size);
+            assert_eq!(out.len() as u64, e.size);
+            assert_eq!(remote.size(&e.id), Some(e.size));
+            assert_eq!(cairn_store::fsverity_digest(&out[..]).unwrap(), e.id);
+            if e.is_chunked() {
+                let first = remote.fetch_chunk(&e.id, 0).unwrap().unwrap();
+                assert_eq!(first, out[..1 << 20]);
+                assert!(remote.fetch_chunk(&e.id, 99).unwrap().is_none());
+            }
+        }
+        // Fetching to a writer stores nothing.
+        assert!(objects(&b).is_empty());
+    }
+
     let fetched = json(&b, &["fetch", &via]);
     assert_eq!(fetched["was_complete"], false, "{fetched:#}");
     assert_eq!(fetched["fetched_objects"], pulled["objects"], "{fetched:#}");

@@ -174,6 +174,20 @@ impl RemoteObjects {
         Ok(data)
     }
 
+    /// Chunk `k` of the chunked object `id` (1 MiB of it, the last
+    /// possibly less), fetched and checked against its sha256: for a
+    /// reader that wants an answer before the whole object is in. `None`
+    /// when `id` is not chunked or has no chunk `k`.
+    pub fn fetch_chunk(&self, id: &ObjectId, k: usize) -> Result<Option<Vec<u8>>, RemoteError> {
+        let Some(e) = self.index.get(id).filter(ObjectEntry::is_chunked) else {
+            return Ok(None);
+        };
+        match e.frames.get(k) {
+            Some(f) => self.chunk(id, k, f).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Fetches object `id`, checks it, and writes its plain bytes to
     /// `out`; returns its size. A small object is checked whole against
     /// its fs-verity digest before any byte is written. A chunked object
