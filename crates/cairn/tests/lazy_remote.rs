@@ -8,10 +8,14 @@
 
 mod support;
 
+#[path = "../../oci/tests/common/fake.rs"]
+mod fake;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use fake::{FakeServer, Reply, Request};
 use serde_json::Value;
 use support::images::ImageSet;
 use support::proxy::SlowProxy;
@@ -325,4 +329,92 @@ fn a_fetch_killed_midway_is_finished_by_the_next() {
     assert!(row.get("incomplete").is_none(), "{row:#}");
     assert_eq!(row["missing_objects"], 0);
     assert_fsck_clean(&b, "after the second fetch");
+}
+
+/// Forwards a GET to the real registry at `upstream` (Accept and Range
+/// passed on, or Range dropped when `ignore_range`), answering as it did.
+fn forward(upstream: &str, req: &Request, ignore_range: bool) -> Reply {
+    let mut r = ureq::AgentBuilder::new()
+        .redirects(0)
+        .build()
+        .request(&req.method, &format!("http://{upstream}{}", req.path));
+    for h in ["Accept", "Range"] {
+        if h == "Range" && ignore_range {
+            continue;
+        }
+        if let Some(v) = req.header(h) {
+            r = r.set(h, v);
+        }
+    }
+    let resp = match r.call() {
+        Ok(resp) | Err(ureq::Error::Status(_, resp)) => resp,
+        Err(e) => return Reply::status(502, &e.to_string()),
+    };
+    let status = resp.status();
+    let mut headers = Vec::new();
+    for h in ["Content-Type", "Content-Range", "Docker-Content-Digest"] {
+        if let Some(v) = resp.header(h) {
+            headers.push((h.to_string(), v.to_string()));
+        }
+    }
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(&mut resp.into_reader(), &mut body).unwrap();
+    Reply::Full(status, headers, body)
+}
+
+/// A registry with the referrers API (a fake in front of docker-registry
+/// that answers `/referrers/` itself, and ignores Range): pull --lazy
+/// finds the artifact through the API, not the tag schema, and fetch
+/// copes with whole-blob answers to range requests.
+#[test]
+fn referrers_api_and_a_registry_that_ignores_range() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    let push = published(&reg, &a, "256K");
+    let artifact = push["artifact_digest"].as_str().unwrap().to_string();
+    let subject = push["subject_digest"].as_str().unwrap().to_string();
+    let size = ureq::get(&format!(
+        "http://{}/v2/lazy/set/manifests/{artifact}",
+        reg.addr
+    ))
+    .set("Accept", "application/vnd.oci.image.manifest.v1+json")
+    .call()
+    .unwrap()
+    .header("Content-Length")
+    .unwrap()
+    .parse::<u64>()
+    .unwrap();
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "artifactType": "application/vnd.cairn.lazy.v1",
+            "digest": artifact, "size": size,
+        }],
+    }))
+    .unwrap();
+    let upstream = reg.addr.clone();
+    let referrers_path = format!("/v2/lazy/set/referrers/{subject}");
+    let fake = FakeServer::start(move |req| {
+        if req.path.starts_with(&referrers_path) {
+            Reply::ok("application/vnd.oci.image.index.v1+json", index.clone())
+        } else {
+            forward(&upstream, req, true)
+        }
+    });
+    let via = format!("{}/lazy/set:full", fake.addr);
+    let pulled = json(&b, &["pull", "--lazy", &via]);
+    assert_eq!(pulled["artifact_digest"], artifact.as_str(), "{pulled:#}");
+    assert!(fake.count(|r| r.path.contains("/referrers/")) >= 1);
+    assert_eq!(
+        fake.count(|r| r.path.contains("/manifests/sha256-")),
+        0,
+        "the tag schema was consulted although the registry has the API"
+    );
+    let fetched = json(&b, &["fetch", &via]);
+    assert_eq!(fetched["fetched_objects"], pulled["objects"], "{fetched:#}");
+    assert_fsck_clean(&b, "after a fetch from a registry that ignores Range");
 }
