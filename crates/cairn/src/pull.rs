@@ -52,6 +52,9 @@ pub struct PullArgs {
     /// Metadata only: find the image's cairn lazy artifact (or REF is one), store the image as incomplete; `cairn fetch` completes it. Fails, saying why, for an image without one.
     #[arg(long)]
     pub lazy: bool,
+    /// With --lazy: do not fetch the objects of the artifact's prefetch list now.
+    #[arg(long, requires = "lazy")]
+    pub no_prefetch: bool,
 }
 
 #[derive(Serialize)]
@@ -89,7 +92,7 @@ pub fn run(g: &Global, args: &PullArgs) -> Result<()> {
     let store = cairn_store::Store::open(&g.root)
         .with_context(|| format!("opening the store at {}", g.root.display()))?;
     if args.lazy {
-        return lazy(g, &store, &reference, opts, start);
+        return lazy(g, &store, &reference, opts, args.no_prefetch, start);
     }
     let progress: Box<dyn PullObserver> = if g.quiet {
         Box::new(|_: &PullEvent<'_>| {})
@@ -127,12 +130,14 @@ fn lazy(
     store: &cairn_store::Store,
     reference: &ImageRef,
     opts: PullOptions,
+    prefetch_off: bool,
     start: Instant,
 ) -> Result<()> {
     let lazy_opts = cairn_remote::LazyPullOptions {
         client: opts.client,
         platform: opts.platform,
         name: opts.name,
+        prefetch: !prefetch_off,
     };
     let report = cairn_remote::pull_lazy(store, reference, &lazy_opts)?;
     #[derive(Serialize)]
@@ -155,13 +160,14 @@ fn lazy(
             )
         } else {
             format!(
-                "pulled {} lazily: image {} (artifact {}; metadata {}; {} of {} objects local, {} to fetch; {:.1} s)",
+                "pulled {} lazily: image {} (artifact {}; {} fetched; {} of {} objects local, {} prefetched; {} in all; {:.1} s)",
                 r.name.as_deref().unwrap_or(&r.reference),
                 r.image_digest,
                 r.artifact_digest,
                 human_bytes(r.bytes_fetched),
-                r.objects_local,
+                r.objects_local + r.prefetched,
                 r.objects,
+                r.prefetched,
                 human_bytes(r.object_bytes),
                 o.seconds
             )

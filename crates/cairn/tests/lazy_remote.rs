@@ -418,3 +418,72 @@ fn referrers_api_and_a_registry_that_ignores_range() {
     assert_eq!(fetched["fetched_objects"], pulled["objects"], "{fetched:#}");
     assert_fsck_clean(&b, "after a fetch from a registry that ignores Range");
 }
+
+/// `cairn push --prefetch FILE` packs those files' objects first and
+/// names them in the artifact's prefetch list; `pull --lazy` fetches them
+/// (and only them), `--no-prefetch` nothing.
+#[test]
+fn prefetch_list_objects_come_with_the_lazy_pull() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    ImageSet::get().push(&reg, "lazy/pf");
+    let reference = reg.reference("lazy/pf:full");
+    cairn_ok(&a, &["pull", "-q", &reference]);
+    // Three files backed by objects, from the image's dumpfile.
+    let dump = cairn_ok(&a, &["dump", &reference]);
+    let files: Vec<&str> = dump
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 8 && f[8].len() == 65 && f[8].as_bytes()[2] == b'/').then_some(f[0])
+        })
+        .take(3)
+        .collect();
+    assert_eq!(files.len(), 3, "{dump}");
+    let list = dir.path().join("prefetch");
+    std::fs::write(&list, files.join("\n") + "\n").unwrap();
+    let target = reg.reference("lazy/pf:full-lazy");
+    let push = json(
+        &a,
+        &[
+            "push",
+            &reference,
+            &target,
+            "--prefetch",
+            list.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(push["referrers"], "tag-schema");
+
+    let b = dir.path().join("b");
+    let pulled = json(&b, &["pull", "--lazy", &reference]);
+    let n = pulled["prefetched"].as_u64().unwrap();
+    assert!((1..=3).contains(&n), "{pulled:#}");
+    assert_eq!(objects(&b).len() as u64, n);
+    let row = image_row(&b, pulled["image_digest"].as_str().unwrap());
+    assert_eq!(row["incomplete"]["objects_local"], n, "{row:#}");
+    assert_fsck_clean(&b, "after a lazy pull with prefetch");
+
+    let c = dir.path().join("c");
+    let pulled = json(&c, &["pull", "--lazy", "--no-prefetch", &target]);
+    assert_eq!(pulled["prefetched"], 0);
+    assert!(objects(&c).is_empty());
+    // A path that is not in the image is refused by push.
+    std::fs::write(&list, "/no/such/file\n").unwrap();
+    let out = cairn_out(
+        &a,
+        &[
+            "push",
+            &reference,
+            &target,
+            "--prefetch",
+            list.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("/no/such/file"),
+        "{err}"
+    );
+}

@@ -29,13 +29,30 @@ use crate::index::{Index, MAX_INDEX_BYTES};
 use crate::RemoteError;
 
 /// How to pull lazily.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct LazyPullOptions {
     pub client: ClientOptions,
     pub platform: Option<PlatformSpec>,
     /// The name to give the image.
     pub name: Option<String>,
+    /// Fetch the objects of the artifact's prefetch list (if it has one)
+    /// before returning.
+    pub prefetch: bool,
 }
+
+impl Default for LazyPullOptions {
+    fn default() -> Self {
+        LazyPullOptions {
+            client: ClientOptions::default(),
+            platform: None,
+            name: None,
+            prefetch: true,
+        }
+    }
+}
+
+/// The largest prefetch list read (32 bytes an object).
+const MAX_PREFETCH: u64 = 32 << 20;
 
 /// What a lazy pull did.
 #[derive(Debug, Clone, Serialize)]
@@ -53,6 +70,8 @@ pub struct LazyPullReport {
     pub bytes_fetched: u64,
     /// The image was complete in the store already.
     pub complete: bool,
+    /// Objects of the prefetch list fetched by this pull.
+    pub prefetched: u64,
 }
 
 /// The artifact found for a reference, and the manifest it is for.
@@ -420,6 +439,29 @@ pub fn pull_lazy(
     if let Some(name) = &opts.name {
         store.set_ref(&cairn_store::ref_name_for(name), &image_sha)?;
     }
+    let mut prefetched = 0;
+    if let (Some(list), false, true) = (&a.prefetch, complete, opts.prefetch) {
+        let pwhat = format!("prefetch list {} of {display}", list.digest);
+        let bytes = fetch_blob(&reg, &repo, list, MAX_PREFETCH, &pwhat)?;
+        fetched += bytes.len() as u64;
+        if bytes.len() % 32 != 0 {
+            return Err(RemoteError::invalid(
+                &pwhat,
+                format!("{} bytes, not a whole number of 32-byte ids", bytes.len()),
+            ));
+        }
+        let remote = crate::fetch::RemoteObjects::open(store, &image_sha, &opts.client)?;
+        let mut lookup = store.object_lookup();
+        for raw in bytes.chunks_exact(32) {
+            let id = ObjectId(raw.try_into().expect("32 bytes"));
+            // Only objects the image uses; the list is a hint, not a command.
+            if !objects.contains_key(&id) || lookup.has(&id) {
+                continue;
+            }
+            remote.publish(store, &id)?;
+            prefetched += 1;
+        }
+    }
     Ok(LazyPullReport {
         reference: display,
         name: opts.name.clone(),
@@ -433,6 +475,7 @@ pub fn pull_lazy(
         objects_local,
         bytes_fetched: fetched,
         complete,
+        prefetched,
     })
 }
 
