@@ -64,6 +64,9 @@ pub struct FetchArgs {
     /// Neighbouring objects of a pack are fetched in one request up to this many bytes (e.g. 1M).
     #[arg(long, default_value = "1M", value_parser = crate::parse_size)]
     pub coalesce: u64,
+    /// Range requests in flight at once.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub jobs: u16,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -144,6 +147,7 @@ pub fn fetch(g: &Global, args: &FetchArgs) -> Result<()> {
     let opts = cairn_remote::FetchOptions {
         client: args.client.options(),
         coalesce: args.coalesce,
+        jobs: usize::from(args.jobs),
     };
     let report = cairn_remote::fetch_image(&store, &digest, &opts)
         .with_context(|| format!("fetching image {}", args.image))?;

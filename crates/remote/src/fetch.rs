@@ -4,7 +4,8 @@
 //! complete).
 //!
 //! Reads are `Range` requests on the packs, with the registry client's
-//! authentication, redirects and retries. Neighbouring single-frame
+//! authentication, redirects and retries; `fetch_image` keeps
+//! [`FetchOptions::jobs`] of them in flight. Neighbouring single-frame
 //! objects of one pack are fetched in one request (up to
 //! [`FetchOptions::coalesce`] bytes); a chunked object is fetched chunk by
 //! chunk. Nothing unverified goes anywhere: a chunk is checked against its
@@ -316,6 +317,8 @@ pub struct FetchOptions {
     /// Neighbouring objects of a pack are fetched in one request up to
     /// this many bytes.
     pub coalesce: u64,
+    /// Requests in flight at once.
+    pub jobs: usize,
 }
 
 impl Default for FetchOptions {
@@ -323,8 +326,98 @@ impl Default for FetchOptions {
         FetchOptions {
             client: ClientOptions::default(),
             coalesce: DEFAULT_COALESCE,
+            jobs: 3,
         }
     }
+}
+
+/// One unit of a fetch.
+enum Work<'a> {
+    /// Neighbouring single-frame objects of one pack, in offset order.
+    Group(&'a [(ObjectId, Frame)]),
+    Chunked(&'a ObjectEntry),
+}
+
+/// Runs `work` on `jobs` threads; verified objects are published in
+/// batches of about [`BATCH_BYTES`] (one `syncfs` each). The first error
+/// stops the others and is the one returned; what was staged and not
+/// published is dropped with its staging files. Returns objects, bytes
+/// and requests.
+fn run_work(
+    store: &Store,
+    remote: &RemoteObjects,
+    work: &[Work<'_>],
+    jobs: usize,
+) -> Result<(u64, u64, u64), RemoteError> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let (objects, bytes, requests) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let batch: Mutex<(Vec<StagedObject>, u64)> = Mutex::new((Vec::new(), 0));
+    let first_error: Mutex<Option<RemoteError>> = Mutex::new(None);
+    let lock = |m: &Mutex<(Vec<StagedObject>, u64)>| {
+        std::mem::take(&mut *m.lock().unwrap_or_else(|p| p.into_inner()))
+    };
+    let one = |w: &Work<'_>| -> Result<(), RemoteError> {
+        let staged = match w {
+            Work::Group(group) => {
+                requests.fetch_add(1, Ordering::Relaxed);
+                remote.stage_group(store, group)?
+            }
+            Work::Chunked(e) => {
+                requests.fetch_add(e.frames.len() as u64, Ordering::Relaxed);
+                vec![remote.stage(store, &e.id)?]
+            }
+        };
+        let full = {
+            let mut b = batch.lock().unwrap_or_else(|p| p.into_inner());
+            for s in staged {
+                objects.fetch_add(1, Ordering::Relaxed);
+                bytes.fetch_add(s.size(), Ordering::Relaxed);
+                b.1 += s.size();
+                b.0.push(s);
+            }
+            b.1 >= BATCH_BYTES
+        };
+        if full {
+            store.publish_staged(lock(&batch).0)?;
+        }
+        Ok(())
+    };
+    let worker = || {
+        while !stop.load(Ordering::Relaxed) {
+            let Some(w) = work.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                break;
+            };
+            if let Err(e) = one(w) {
+                stop.store(true, Ordering::Relaxed);
+                first_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+                break;
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..jobs.clamp(1, work.len().max(1)) {
+            s.spawn(worker);
+        }
+        worker();
+    });
+    if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        // Objects verified before the error are kept: publishing them is
+        // sound, and the next run need not fetch them again.
+        store.publish_staged(lock(&batch).0)?;
+        return Err(e);
+    }
+    store.publish_staged(lock(&batch).0)?;
+    Ok((
+        objects.into_inner(),
+        bytes.into_inner(),
+        requests.into_inner(),
+    ))
 }
 
 /// What a fetch did.
@@ -397,9 +490,10 @@ pub fn fetch_image(
         }
     }
     singles.sort_by_key(|(_, f)| (f.pack, f.offset));
+    // The work: groups of neighbouring single-frame objects (one request
+    // each), then the chunked objects (one request a chunk).
     let coalesce = opts.coalesce.max(1);
-    let mut batch: Vec<StagedObject> = Vec::new();
-    let mut batch_bytes = 0u64;
+    let mut work: Vec<Work<'_>> = Vec::new();
     let mut i = 0;
     while i < singles.len() {
         let start = singles[i].1;
@@ -416,27 +510,14 @@ pub fn fetch_image(
             }
             j += 1;
         }
-        let staged = remote.stage_group(store, &singles[i..j])?;
-        report.requests += 1;
-        for s in staged {
-            report.fetched_objects += 1;
-            report.fetched_bytes += s.size();
-            batch_bytes += s.size();
-            batch.push(s);
-        }
-        if batch_bytes >= BATCH_BYTES {
-            store.publish_staged(std::mem::take(&mut batch))?;
-            batch_bytes = 0;
-        }
+        work.push(Work::Group(&singles[i..j]));
         i = j;
     }
-    store.publish_staged(std::mem::take(&mut batch))?;
-    for e in chunked {
-        let size = remote.publish(store, &e.id)?;
-        report.requests += e.frames.len() as u64;
-        report.fetched_objects += 1;
-        report.fetched_bytes += size;
-    }
+    work.extend(chunked.iter().map(Work::Chunked));
+    let (objects_done, bytes_done, requests) = run_work(store, &remote, &work, opts.jobs)?;
+    report.fetched_objects = objects_done;
+    report.fetched_bytes = bytes_done;
+    report.requests = requests;
     // Every object present (a fresh look: nothing may be assumed), then
     // the record says complete, then the index goes.
     let mut lookup = store.object_lookup();
