@@ -202,6 +202,27 @@ fn push_pull_lazy_fetch_equals_a_full_pull() {
     assert_eq!(direct["manifest_digest"], push["subject_digest"]);
     let again = json(&b, &["pull", "--lazy", &via]);
     assert_eq!(again["complete"], true, "{again:#}");
+    // Push never replaces an image's tag with an artifact.
+    let reference = reg.reference("lazy/set:full");
+    let out = cairn_out(&a, &["push", &reference, &reference]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("names an image") && err.contains("full-lazy"),
+        "{err}"
+    );
+    // A second push of the same image to the artifact's tag is fine.
+    let second = json(
+        &a,
+        &[
+            "push",
+            &reference,
+            &reg.reference("lazy/set:full-lazy"),
+            "--pack-size",
+            "256K",
+        ],
+    );
+    assert_eq!(second["artifact_digest"], push["artifact_digest"]);
+    assert_eq!(second["uploaded_blobs"], 0, "{second:#}");
 }
 
 #[test]

@@ -317,6 +317,9 @@ pub fn push(
         )));
     }
 
+    // Shared, as a writer would: gc cannot remove the image or its
+    // objects while they are read.
+    let _lock = store.lock_shared()?;
     let image = std::fs::read(store.image_path(image_digest))
         .map_err(|e| cannot(format!("reading its EROFS image: {e}")))?;
     let (mut objects, paths) = objects_in_walk_order(&image, image_digest)?;
@@ -342,6 +345,28 @@ pub fn push(
 
     let reg = Registry::for_push(target, &opts.client);
     let repo = target.repository.clone();
+    // Never replace an image with the artifact: a tag that names anything
+    // but a cairn artifact is left alone.
+    if let Some(tag) = &target.tag {
+        let what = format!("{}/{repo}:{tag}", reg.name());
+        match reg.fetch_manifest(
+            &repo,
+            tag,
+            &cairn_spec::media_type::MANIFEST_ACCEPT,
+            cairn_oci::client::BodySize::AtMost(cairn_spec::limits::MAX_MANIFEST_SIZE),
+            &what,
+        ) {
+            Ok(m) if !artifact::is_artifact(&m.bytes) => {
+                return Err(cannot(format!(
+                    "{what} names an image (manifest {}), which the artifact would replace; \
+                     push to another tag, such as {tag}-lazy",
+                    Digest::of(&m.bytes)
+                )))
+            }
+            Ok(_) | Err(cairn_oci::PullError::ManifestUnknown { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     let mut uploaded = 0usize;
     let mut upload = |data: &[u8], media_type: &str, what: &str| -> Result<Blob, RemoteError> {
         let digest = Digest::of(data);
