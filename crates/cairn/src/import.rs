@@ -201,6 +201,7 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<()> {
             args.image
         );
     };
+    crate::refuse_incomplete(&store, &digest, &args.image)?;
     let out = cairn_image::export_oci_layout(&store, &digest, &path, &tag)
         .with_context(|| format!("exporting {} to {}", args.image, args.dest))?;
     let report = ExportReport {

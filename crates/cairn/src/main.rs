@@ -370,7 +370,8 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
 }
 
 /// An image pulled with --lazy lacks objects: overlayfs would fail its
-/// reads, so it is not mounted until `cairn fetch` completes it.
+/// reads (and an export its copies), so it is not mounted or exported
+/// until `cairn fetch` completes it.
 pub(crate) fn refuse_incomplete(store: &cairn_store::Store, digest: &str, arg: &str) -> Result<()> {
     if let Some(lazy) = store
         .image_record(digest)

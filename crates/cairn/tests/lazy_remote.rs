@@ -128,6 +128,19 @@ fn push_pull_lazy_fetch_equals_a_full_pull() {
         err.contains("is incomplete") && err.contains("cairn fetch"),
         "{err}"
     );
+    let out = cairn_out(
+        &b,
+        &[
+            "export",
+            &via,
+            &format!("oci-layout:{}", b.join("out").display()),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is incomplete"),
+        "{err}"
+    );
     // gc keeps an incomplete image (named) and its index.
     cairn_ok(&b, &["gc"]);
     assert!(b
