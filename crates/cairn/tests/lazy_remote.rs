@@ -521,3 +521,48 @@ fn prefetch_list_objects_come_with_the_lazy_pull() {
         "{err}"
     );
 }
+
+/// `RemoteObjects::publish_with_neighbours`: the object asked for and the
+/// ones after it in its pack come in one range request, each verified.
+#[test]
+fn neighbours_come_in_one_request() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    published(&reg, &a, "256K");
+    let upstream = reg.addr.clone();
+    let fake = FakeServer::start(move |req| forward(&upstream, req, false));
+    let via = format!("{}/lazy/set:full", fake.addr);
+    let pulled = json(&b, &["pull", "--lazy", &via]);
+    let digest = pulled["image_digest"].as_str().unwrap();
+    let store = cairn_store::Store::open(&b).unwrap();
+    let client = cairn_oci::ClientOptions {
+        auth_files: Vec::new(),
+        ..cairn_oci::ClientOptions::default()
+    };
+    let remote = cairn_remote::RemoteObjects::open(&store, digest, &client).unwrap();
+    let small = remote
+        .index()
+        .entries()
+        .find(|e| !e.is_chunked() && e.size < 4096)
+        .unwrap();
+    let ranges_before = fake.count(|r| r.header("Range").is_some());
+    let got = remote
+        .publish_with_neighbours(&store, &small.id, 256 << 10)
+        .unwrap();
+    assert_eq!(got[0], small.id);
+    assert!(got.len() > 1, "no neighbour came along");
+    assert_eq!(
+        fake.count(|r| r.header("Range").is_some()) - ranges_before,
+        1,
+        "neighbours took more than one request"
+    );
+    let have = objects(&b);
+    for id in &got {
+        assert!(have.contains(&id.to_hex()), "{id} not published");
+    }
+    assert_eq!(have.len(), got.len());
+    drop(store);
+    assert_fsck_clean(&b, "after publishing neighbours");
+}

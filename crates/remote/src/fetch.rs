@@ -47,6 +47,8 @@ pub struct RemoteObjects {
     index: Index,
     packs: Vec<Blob>,
     image: String,
+    /// The single-frame objects in pack order, made on first use.
+    by_position: std::sync::OnceLock<Vec<(ObjectId, Frame)>>,
 }
 
 impl std::fmt::Debug for RemoteObjects {
@@ -114,6 +116,7 @@ impl RemoteObjects {
             index,
             packs: a.packs,
             image: image_digest.to_string(),
+            by_position: std::sync::OnceLock::new(),
         })
     }
 
@@ -249,6 +252,61 @@ impl RemoteObjects {
         let size = staged.size();
         store.publish_staged([staged])?;
         Ok(size)
+    }
+
+    /// Fetches object `id` into the store together with the objects that
+    /// follow it in its pack and are not local yet, in one range request
+    /// of at most `coalesce` bytes (the read amplification a lazy mount
+    /// wants: what sits next to a file in the tree is likely read next).
+    /// Each is checked before it is published. Returns the objects
+    /// published, `id` first. A chunked object is fetched alone.
+    pub fn publish_with_neighbours(
+        &self,
+        store: &Store,
+        id: &ObjectId,
+        coalesce: u64,
+    ) -> Result<Vec<ObjectId>, RemoteError> {
+        let Some(e) = self.index.get(id) else {
+            return Err(RemoteError::invalid(
+                format!("object index of image {}", self.image),
+                format!("object {id} is not in it"),
+            ));
+        };
+        if e.is_chunked() {
+            self.publish(store, id)?;
+            return Ok(vec![*id]);
+        }
+        let list = self.by_position.get_or_init(|| {
+            let mut v: Vec<(ObjectId, Frame)> = self
+                .index
+                .entries()
+                .filter(|e| !e.is_chunked())
+                .map(|e| (e.id, e.frames[0]))
+                .collect();
+            v.sort_by_key(|(_, f)| (f.pack, f.offset));
+            v
+        });
+        let first = e.frames[0];
+        let at = list.partition_point(|(_, f)| (f.pack, f.offset) < (first.pack, first.offset));
+        let mut end = at + 1;
+        let mut lookup = store.object_lookup();
+        while let Some((nid, next)) = list.get(end) {
+            let prev = list[end - 1].1;
+            let prev_end = prev.offset + prev.compressed;
+            if next.pack != first.pack
+                || next.offset < prev_end
+                || next.offset - prev_end > MAX_GAP
+                || next.offset + next.compressed - first.offset > coalesce.max(1)
+                || lookup.has(nid)
+            {
+                break;
+            }
+            end += 1;
+        }
+        let group = &list[at..end];
+        let staged = self.stage_group(store, group)?;
+        store.publish_staged(staged)?;
+        Ok(group.iter().map(|(id, _)| *id).collect())
     }
 
     /// Stages object `id`, fetched and checked, for publication.
