@@ -284,9 +284,18 @@ pub fn unzstd(data: &[u8], limit: u64, what: &str) -> Result<Vec<u8>, RemoteErro
     Ok(out)
 }
 
+/// The largest zstd window (log2) a pack frame may use: 8 MiB, more than
+/// any 1 MiB chunk needs.
+const FRAME_WINDOW_LOG: u32 = 23;
+
 /// Decompresses one frame that must give exactly `size` bytes.
 pub fn unzstd_exact(data: &[u8], size: u64) -> Result<Vec<u8>, String> {
     let mut dec = zstd::stream::read::Decoder::new(data).map_err(|e| format!("zstd: {e}"))?;
+    // A frame holds at most one chunk (1 MiB): its window need not be
+    // larger, and a hostile frame asking for a huge one is refused
+    // rather than given the memory.
+    dec.window_log_max(FRAME_WINDOW_LOG)
+        .map_err(|e| format!("zstd: {e}"))?;
     let mut out = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(4 << 20));
     (&mut dec)
         .take(size.saturating_add(1))
