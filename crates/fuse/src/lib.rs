@@ -204,15 +204,17 @@ impl FuseMount {
         }
     }
 
-    /// Unmounts (not lazily: `EBUSY` while an overlay still uses it) and
-    /// waits for the workers, which stop when the kernel ends the
-    /// connection. Returns the final counters.
-    pub fn unmount(mut self) -> Result<Stats, FuseError> {
-        dev::unmount(&self.target, false).map_err(|error| FuseError::Unmount {
-            target: self.target.clone(),
-            error,
-        })?;
-        self.mounted = false;
+    /// Unmounts (not lazily: `EBUSY` while an overlay still uses it, and
+    /// then nothing changes) and waits for the workers, which stop when the
+    /// kernel ends the connection. Returns the final counters.
+    pub fn unmount(&mut self) -> Result<Stats, FuseError> {
+        if self.mounted {
+            dev::unmount(&self.target, false).map_err(|error| FuseError::Unmount {
+                target: self.target.clone(),
+                error,
+            })?;
+            self.mounted = false;
+        }
         for w in self.workers.drain(..) {
             let _ = w.join();
         }

@@ -1,0 +1,260 @@
+//! Privileged end-to-end tests of the lazy data layer: they really mount
+//! the FUSE filesystem (and an overlay stack on it), so they need root.
+//! Not root is a failure, never a skip.
+//!
+//! Each test runs on its own thread in a private mount namespace
+//! (`unshare(CLONE_NEWNS)` is per thread), so its mounts are its own and
+//! nothing propagates to the host.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use cairn_erofs::dump::{parse_dump, ParseOptions};
+use cairn_erofs::writer::{mkfs_erofs_to_vec, WriteOptions};
+use cairn_fuse::{serve, FetchError, FuseMount, NoSource, ObjectSource, ServeOptions};
+use cairn_mount::{mount_image, umount, MountOptions, UpperSpec, VerityMode};
+use cairn_store::{fsverity_digest, ObjectId, Store};
+use rustix::io::Errno;
+
+fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "privileged FUSE tests must run as root (they really mount); run `cargo test -p cairn-fuse` as root"
+    );
+}
+
+/// Runs `body` on a fresh thread inside a private mount namespace.
+fn in_private_mount_ns<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static) -> T {
+    require_root();
+    std::thread::spawn(move || {
+        // SAFETY: only CLONE_NEWNS (which implies CLONE_FS) is unshared; file
+        // descriptor tables stay shared, so no fd is invalidated.
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
+            .expect("unshare(CLONE_NEWNS)");
+        rustix::mount::mount_change(
+            "/",
+            rustix::mount::MountPropagationFlags::PRIVATE
+                | rustix::mount::MountPropagationFlags::REC,
+        )
+        .expect("make / recursively private");
+        body()
+    })
+    .join()
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// Deterministic test contents of `len` bytes.
+fn content(seed: u8, len: usize) -> Vec<u8> {
+    let mut x = 0x2545_f491_4f6c_dd1du64 ^ seed as u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn id_of(data: &[u8]) -> ObjectId {
+    fsverity_digest(data).unwrap()
+}
+
+/// A temp dir on a disk filesystem (EROFS cannot read images on tmpfs),
+/// with a store, a FUSE mountpoint and an overlay target.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    store: Arc<Store>,
+    lazy: PathBuf,
+    target: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::Builder::new()
+            .prefix("cairn-fuse-test.")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let root = dir.path().to_path_buf();
+        let store = Arc::new(Store::open(&root.join("store")).unwrap());
+        let lazy = root.join("lazy");
+        let target = root.join("mnt");
+        fs::create_dir(&lazy).unwrap();
+        fs::create_dir(&target).unwrap();
+        Fixture {
+            _dir: dir,
+            root,
+            store,
+            lazy,
+            target,
+        }
+    }
+
+    /// An EROFS metadata image (cairn's writer) whose files `/NAME` are
+    /// backed by the objects of the given contents.
+    fn image(&self, files: &[(&str, &[u8])]) -> PathBuf {
+        let mut dump = String::from("/ 4096 40755 2 0 0 0 0.0 - - -\n");
+        let mut files: Vec<_> = files.to_vec();
+        files.sort_by_key(|(n, _)| *n);
+        for (name, data) in files {
+            let id = id_of(data);
+            dump.push_str(&format!(
+                "/{name} {} 100644 1 0 0 0 0.0 {} - {}\n",
+                data.len(),
+                id.object_path(),
+                id.to_hex()
+            ));
+        }
+        let tree = parse_dump(dump.as_bytes(), &ParseOptions { strict: true }).unwrap();
+        let bytes = mkfs_erofs_to_vec(&tree, &WriteOptions::default()).unwrap();
+        let path = self.root.join("image.cfs");
+        fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    fn serve(&self, source: Arc<dyn ObjectSource>, timeout: Duration) -> FuseMount {
+        serve(
+            self.store.clone(),
+            source,
+            &self.lazy,
+            ServeOptions {
+                workers: 4,
+                fetch_timeout: timeout,
+                source_name: "cairn-test".into(),
+                ..ServeOptions::default()
+            },
+        )
+        .expect("serving the lazy layer")
+    }
+
+    fn mount_overlay(&self, image: &Path) {
+        mount_image(&MountOptions {
+            image,
+            objects: &self.lazy,
+            target: &self.target,
+            upper: UpperSpec::None,
+            idmap: None,
+            verity: VerityMode::Off,
+        })
+        .expect("mounting the overlay over the lazy layer");
+    }
+}
+
+/// Unmounts, retrying EBUSY briefly (another test's fork may hold our fds
+/// for a moment).
+fn umount_retrying(target: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match umount(target) {
+            Ok(()) => return,
+            Err(err) if err.errno() == Some(Errno::BUSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(err) => panic!("umount {}: {err:?}", target.display()),
+        }
+    }
+}
+
+/// Waits until every backing id is closed (RELEASE is asynchronous).
+fn wait_backing_closed(fuse: &FuseMount) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fuse.stats().live_backing_ids != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "backing ids still open: {:?}",
+            fuse.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Unmounts the lazy layer, retrying EBUSY briefly, and returns its final
+/// counters.
+fn unmount_fuse(mut fuse: FuseMount) -> cairn_fuse::Stats {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match fuse.unmount() {
+            Ok(stats) => return stats,
+            Err(cairn_fuse::FuseError::Unmount { error, .. })
+                if error.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[test]
+fn privileged_fuse_passthrough() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let small = content(1, 100);
+        let mid = content(2, 200_000);
+        let big = content(3, 3 << 20);
+        for data in [&small, &mid, &big] {
+            fx.store.import_bytes(data).unwrap();
+        }
+        let image = fx.image(&[("small", &small), ("mid", &mid), ("big", &big)]);
+        let fuse = fx.serve(Arc::new(NoSource), Duration::from_secs(5));
+        assert!(
+            fuse.stats().passthrough,
+            "the kernel must offer passthrough"
+        );
+
+        // The FUSE tree itself: fan-out directories and object files.
+        let id = id_of(&mid);
+        let direct = fx.lazy.join(id.object_path());
+        let meta = fs::metadata(&direct).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.len(), mid.len() as u64);
+        assert!(fs::metadata(fx.lazy.join("00")).unwrap().is_dir());
+        let listed = fs::read_dir(&fx.lazy).unwrap().count();
+        assert_eq!(listed, 256);
+        let missing = id_of(b"not in the store");
+        assert_eq!(
+            fs::metadata(fx.lazy.join(missing.object_path()))
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::NotFound
+        );
+        assert_eq!(fs::read(&direct).unwrap(), mid);
+
+        fx.mount_overlay(&image);
+        for (name, data) in [("small", &small), ("mid", &mid), ("big", &big)] {
+            let got = fs::read(fx.target.join(name)).unwrap();
+            assert!(got == *data, "{name}: wrong contents through the overlay");
+        }
+        // Reads at an offset, through one open file.
+        let mut f = fs::File::open(fx.target.join("big")).unwrap();
+        let mut buf = vec![0u8; 4096];
+        use std::os::unix::fs::FileExt;
+        f.read_exact_at(&mut buf, 1 << 20).unwrap();
+        assert_eq!(buf, big[1 << 20..(1 << 20) + 4096]);
+        let mut rest = Vec::new();
+        f.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, big);
+        drop(f);
+
+        let stats = fuse.stats();
+        assert_eq!(
+            stats.reads, 0,
+            "passthrough: no READ may reach the server: {stats:?}"
+        );
+        assert!(stats.passthrough_opens >= 4, "{stats:?}");
+        assert_eq!(stats.plain_opens, 0, "{stats:?}");
+        assert_eq!(stats.fetches_started, 0, "{stats:?}");
+
+        umount_retrying(&fx.target);
+        wait_backing_closed(&fuse);
+        let stats = unmount_fuse(fuse);
+        assert_eq!(stats.backing_opened, stats.backing_closed, "{stats:?}");
+        assert_eq!(stats.bad_messages, 0);
+    });
+}
