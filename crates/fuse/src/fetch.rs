@@ -207,9 +207,12 @@ impl Fetcher {
     }
 
     fn finish(&self, id: &ObjectId, flight: &Arc<Flight>, outcome: Outcome) {
+        // Out of the table first: a waiter woken by the outcome may return
+        // and its caller open again at once, and that open must start a new
+        // flight, not find this finished one.
+        self.forget_flight(id, flight);
         *flight.outcome.lock().expect("flight lock") = outcome;
         flight.done.notify_all();
-        self.forget_flight(id, flight);
     }
 
     /// Removes `flight` from the table if it is still the object's flight.

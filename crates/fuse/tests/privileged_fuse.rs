@@ -258,3 +258,239 @@ fn privileged_fuse_passthrough() {
         assert_eq!(stats.bad_messages, 0);
     });
 }
+
+/// How the test source behaves for one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Behaviour {
+    /// The right bytes, after `delay`.
+    Good { delay: Duration },
+    /// Bytes of the right length that hash to something else.
+    Wrong,
+    /// Blocks for `delay` the first time, then behaves.
+    SlowOnce { delay: Duration },
+}
+
+/// An in-memory source that counts its fetches.
+struct TestSource {
+    objects: HashMap<ObjectId, (Vec<u8>, Behaviour)>,
+    fetches: Mutex<HashMap<ObjectId, usize>>,
+    in_fetch: AtomicUsize,
+}
+
+impl TestSource {
+    fn new(objects: &[(&[u8], Behaviour)]) -> TestSource {
+        TestSource {
+            objects: objects
+                .iter()
+                .map(|(d, b)| (id_of(d), (d.to_vec(), *b)))
+                .collect(),
+            fetches: Mutex::new(HashMap::new()),
+            in_fetch: AtomicUsize::new(0),
+        }
+    }
+
+    fn fetches(&self, id: &ObjectId) -> usize {
+        self.fetches.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+}
+
+impl ObjectSource for TestSource {
+    fn size(&self, id: &ObjectId) -> Option<u64> {
+        self.objects.get(id).map(|(d, _)| d.len() as u64)
+    }
+
+    fn fetch(&self, id: &ObjectId, out: &mut dyn Write) -> Result<(), FetchError> {
+        let (data, behaviour) = self.objects.get(id).ok_or(FetchError::NotFound(*id))?;
+        let n = {
+            let mut f = self.fetches.lock().unwrap();
+            let n = f.entry(*id).or_default();
+            *n += 1;
+            *n
+        };
+        self.in_fetch.fetch_add(1, Ordering::SeqCst);
+        let result = (|| {
+            match *behaviour {
+                Behaviour::Good { delay } => std::thread::sleep(delay),
+                Behaviour::SlowOnce { delay } if n == 1 => std::thread::sleep(delay),
+                Behaviour::SlowOnce { .. } => {}
+                Behaviour::Wrong => {
+                    let mut bad = data.clone();
+                    bad[0] ^= 0xff;
+                    out.write_all(&bad)?;
+                    return Ok(());
+                }
+            }
+            // In pieces, as a network source would.
+            for chunk in data.chunks(64 * 1024) {
+                out.write_all(chunk)?;
+            }
+            Ok(())
+        })();
+        self.in_fetch.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+}
+
+fn open_err(path: &Path) -> io::Error {
+    fs::File::open(path).expect_err("open must fail")
+}
+
+#[test]
+fn privileged_fuse_fetch() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let lazy_a = content(10, 300_000);
+        let lazy_b = content(11, 5000);
+        let wrong = content(12, 70_000);
+        let slow = content(13, 4096);
+        let shared = content(14, 1 << 20);
+        let local = content(15, 1234);
+        fx.store.import_bytes(&local).unwrap();
+        let fast = Behaviour::Good {
+            delay: Duration::ZERO,
+        };
+        let source = Arc::new(TestSource::new(&[
+            (&lazy_a, fast),
+            (&lazy_b, fast),
+            (&wrong, Behaviour::Wrong),
+            (
+                &slow,
+                Behaviour::SlowOnce {
+                    delay: Duration::from_secs(4),
+                },
+            ),
+            (
+                &shared,
+                Behaviour::Good {
+                    delay: Duration::from_millis(400),
+                },
+            ),
+        ]));
+        let timeout = Duration::from_millis(800);
+        let fuse = fx.serve(source.clone(), timeout);
+
+        // 1. Through the overlay: the first read fetches, verifies and
+        // publishes; the object appears in objects/; reads are passed
+        // through even so.
+        let image = fx.image(&[("a", &lazy_a), ("b", &lazy_b), ("local", &local)]);
+        fx.mount_overlay(&image);
+        let a = id_of(&lazy_a);
+        assert!(!fx.store.has_object(&a));
+        assert_eq!(fs::read(fx.target.join("a")).unwrap(), lazy_a);
+        assert!(
+            fx.store.has_object(&a),
+            "the fetched object must be published"
+        );
+        assert_eq!(fs::read(fx.store.object_path(&a)).unwrap(), lazy_a);
+        assert_eq!(fs::read(fx.target.join("b")).unwrap(), lazy_b);
+        assert_eq!(fs::read(fx.target.join("local")).unwrap(), local);
+        // Again: from the store now, no second fetch.
+        assert_eq!(fs::read(fx.target.join("a")).unwrap(), lazy_a);
+        assert_eq!(source.fetches(&a), 1);
+        let stats = fuse.stats();
+        assert_eq!(stats.reads, 0, "{stats:?}");
+        assert_eq!(stats.fetches_published, 2, "{stats:?}");
+        umount_retrying(&fx.target);
+
+        // 2. Wrong bytes: EIO, nothing stored (and no staged debris).
+        let w = id_of(&wrong);
+        let err = open_err(&fx.lazy.join(w.object_path()));
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+        assert!(!fx.store.has_object(&w));
+        // A later open tries again (and fails again).
+        let err = open_err(&fx.lazy.join(w.object_path()));
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+        assert_eq!(source.fetches(&w), 2);
+        assert!(!fx.store.has_object(&w));
+        assert_eq!(
+            staged_files(&fx.store),
+            0,
+            "a refused fetch leaves no staged file"
+        );
+
+        // 3. A source slower than the timeout: EIO within the bound, then
+        // a later open fetches afresh and succeeds.
+        let s = id_of(&slow);
+        let t0 = Instant::now();
+        let err = open_err(&fx.lazy.join(s.object_path()));
+        let took = t0.elapsed();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+        assert!(
+            took >= timeout && took < timeout + Duration::from_secs(2),
+            "EIO after {took:?}, the timeout is {timeout:?}"
+        );
+        assert!(!fx.store.has_object(&s));
+        assert_eq!(
+            fs::read(fx.lazy.join(s.object_path())).unwrap(),
+            slow,
+            "a later open must try again"
+        );
+        assert_eq!(source.fetches(&s), 2);
+        assert!(fx.store.has_object(&s));
+
+        // 4. Concurrent readers of one missing object: one fetch.
+        let sh = id_of(&shared);
+        let path = fx.lazy.join(sh.object_path());
+        let readers = 8;
+        let barrier = Arc::new(Barrier::new(readers));
+        let threads: Vec<_> = (0..readers)
+            .map(|_| {
+                let (path, barrier) = (path.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    fs::read(path).unwrap()
+                })
+            })
+            .collect();
+        for t in threads {
+            assert!(
+                t.join().unwrap() == shared,
+                "a concurrent reader got wrong bytes"
+            );
+        }
+        assert_eq!(
+            source.fetches(&sh),
+            1,
+            "concurrent opens must share one fetch"
+        );
+        assert!(fx.store.has_object(&sh));
+
+        let stats = fuse.stats();
+        assert_eq!(stats.reads, 0, "{stats:?}");
+        assert_eq!(stats.fetches_failed, 2, "{stats:?}");
+        assert!(stats.fetches_timed_out >= 1, "{stats:?}");
+
+        // The abandoned slow fetch is still asleep in the source; its end
+        // must not publish anything or disturb the server.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while source.in_fetch.load(Ordering::SeqCst) != 0 {
+            assert!(Instant::now() < deadline, "the slow fetch never returned");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        wait_backing_closed(&fuse);
+        let stats = unmount_fuse(fuse);
+        assert_eq!(stats.backing_opened, stats.backing_closed, "{stats:?}");
+        assert_eq!(staged_files(&fx.store), 0);
+    });
+}
+
+/// Files under the store's staging area (`tmp/`), at any depth.
+fn staged_files(store: &Store) -> usize {
+    fn count(dir: &Path) -> usize {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .map(|e| {
+                let p = e.path();
+                if p.is_dir() {
+                    count(&p)
+                } else {
+                    1
+                }
+            })
+            .sum()
+    }
+    count(&store.tmp_dir())
+}
