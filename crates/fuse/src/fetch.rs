@@ -1,45 +1,66 @@
 //! Fetching missing objects: one fetch in flight per object, a bounded
-//! number of fetches at once, a deadline for everyone who waits, and
-//! nothing published that does not hash to the object's name.
+//! number of fetches at once, a deadline for every open that waits, no
+//! worker thread blocked on a source, and nothing published that does not
+//! hash to the object's name.
 //!
-//! An open of a missing object joins the object's *flight* (or starts one).
-//! The flight runs on a thread of its own: it takes the store lock shared
-//! (so garbage collection cannot run between publication and use), stages
-//! what the source writes with [`Store::stage_object`] (never more than the
-//! size the object was looked up with), hashes it as it goes, and publishes
-//! it with [`Store::publish_staged`] only if the fs-verity digest is the
-//! object's id. Waiters wait on the flight until their deadline; at the
-//! deadline the flight is *abandoned*: taken out of the table (so the next
-//! open starts a new one), and its writer refuses further bytes, so a
-//! source that still writes stops at its next write. A source that blocks
-//! without writing keeps its thread until it returns; such threads are
-//! counted against `max_fetches`, so they cannot pile up without bound.
+//! An open of a missing object does not wait: it leaves a *waiter* (the
+//! rest of the open, which sends the reply) on the object's *flight*, or
+//! starts one, and its worker goes back to reading requests. A flight
+//!
+//! 1. waits in a queue for one of `max_fetches` slots;
+//! 2. runs on a fetch thread of its own: takes the store lock shared (so
+//!    garbage collection cannot run between publication and use), stages
+//!    what the source writes with [`Store::stage_object`] (never more than
+//!    the size the object was looked up with), hashing as it goes, and
+//!    publishes with [`Store::publish_staged`] only if the fs-verity digest
+//!    is the object's id;
+//! 3. completes: it leaves the table, then its waiters run, each with the
+//!    outcome.
+//!
+//! One timer thread watches the deadlines (a flight's is set when it
+//! starts: `fetch_timeout` later). A flight past it is *abandoned*: it
+//! leaves the table (so the next open starts a new one), its waiters run
+//! with an error (the open fails with `EIO`), and its writer refuses
+//! further bytes, so a source that still writes stops at its next write. A
+//! source that blocks without writing keeps its thread and its slot until
+//! it returns: such threads can never be more than `max_fetches`.
+//!
+//! Threads: one timer and at most `max_fetches` fetch threads. Memory: one
+//! flight (about 100 bytes, plus one boxed waiter per waiting open) per
+//! object being fetched; the data goes to disk, never into a buffer here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cairn_store::{ObjectId, ObjectStager, Store};
 
 use crate::{FetchError, ObjectSource};
 
-/// How one flight ended.
-#[derive(Debug, Clone)]
-enum Outcome {
-    Running,
-    /// Published (or found in the store).
-    Ok,
-    /// Failed; the reason was logged by the flight.
-    Failed(String),
+/// The rest of an open, run once with the flight's outcome (`Err` holds the
+/// reason, already logged).
+pub(crate) type Waiter = Box<dyn FnOnce(Result<(), String>) + Send>;
+
+struct Flight {
+    id: ObjectId,
+    size: u64,
+    deadline: Instant,
+    abandoned: AtomicBool,
+    /// `None` once completed: the waiters have run.
+    waiters: Mutex<Option<Vec<Waiter>>>,
 }
 
-#[derive(Debug)]
-struct Flight {
-    outcome: Mutex<Outcome>,
-    done: Condvar,
-    abandoned: AtomicBool,
+#[derive(Default)]
+struct State {
+    /// The flight of each object being fetched (queued or running).
+    inflight: HashMap<ObjectId, Arc<Flight>>,
+    /// Flights waiting for a slot, oldest first.
+    queue: VecDeque<Arc<Flight>>,
+    /// Fetch threads alive, abandoned ones still in the source included.
+    running: usize,
+    stop: bool,
 }
 
 /// Counters, read by [`crate::Stats`].
@@ -57,169 +78,160 @@ pub(crate) struct Fetcher {
     source: Arc<dyn ObjectSource>,
     timeout: Duration,
     max_fetches: usize,
-    inflight: Mutex<HashMap<ObjectId, Arc<Flight>>>,
-    /// Fetch threads alive (including abandoned ones still blocked in the
-    /// source), at most `max_fetches`.
-    running: Mutex<usize>,
-    slot_freed: Condvar,
+    state: Mutex<State>,
+    /// Wakes the timer: a new deadline, or stop.
+    timer_wake: Condvar,
     pub counters: FetchCounters,
 }
 
 impl Fetcher {
-    pub fn new(
+    /// A fetcher and its timer thread (which holds only a weak reference
+    /// and stops at [`shutdown`](Self::shutdown) or when the fetcher goes).
+    pub fn start(
         store: Arc<Store>,
         source: Arc<dyn ObjectSource>,
         timeout: Duration,
         max_fetches: usize,
-    ) -> Fetcher {
-        Fetcher {
+    ) -> io::Result<Arc<Fetcher>> {
+        let f = Arc::new(Fetcher {
             store,
             source,
             timeout,
             max_fetches: max_fetches.max(1),
-            inflight: Mutex::new(HashMap::new()),
-            running: Mutex::new(0),
-            slot_freed: Condvar::new(),
+            state: Mutex::new(State::default()),
+            timer_wake: Condvar::new(),
             counters: FetchCounters::default(),
-        }
+        });
+        let weak = Arc::downgrade(&f);
+        std::thread::Builder::new()
+            .name("cairn-fetch-timer".into())
+            .spawn(move || timer(weak))?;
+        Ok(f)
     }
 
     pub fn source(&self) -> &dyn ObjectSource {
         &*self.source
     }
 
-    /// Makes sure `id` (of `size` bytes) is in the store, fetching it if
-    /// needed; returns when it is, or with an error by the deadline.
-    pub fn ensure(self: &Arc<Self>, id: &ObjectId, size: u64) -> Result<(), String> {
-        if self.store.has_object(id) {
-            return Ok(());
-        }
-        let deadline = Instant::now() + self.timeout;
-        let (flight, leader) = {
-            let mut map = self.inflight.lock().expect("fetch table lock");
-            match map.get(id) {
-                Some(f) => (f.clone(), false),
-                None => {
-                    let f = Arc::new(Flight {
-                        outcome: Mutex::new(Outcome::Running),
-                        done: Condvar::new(),
-                        abandoned: AtomicBool::new(false),
-                    });
-                    map.insert(*id, f.clone());
-                    (f, true)
-                }
-            }
-        };
-        if leader {
-            if let Err(reason) = self.launch(id, size, &flight, deadline) {
-                self.finish(id, &flight, Outcome::Failed(reason.clone()));
-                return Err(reason);
-            }
-        }
-        let mut outcome = flight.outcome.lock().expect("flight lock");
-        loop {
-            match &*outcome {
-                Outcome::Ok => return Ok(()),
-                Outcome::Failed(r) => return Err(r.clone()),
-                Outcome::Running => {}
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            outcome = flight
-                .done
-                .wait_timeout(outcome, deadline - now)
-                .expect("flight lock")
-                .0;
-        }
-        drop(outcome);
-        // Timed out: abandon the flight so the next open starts afresh.
-        flight.abandoned.store(true, Ordering::SeqCst);
-        self.forget_flight(id, &flight);
-        self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
-        let reason = format!(
-            "fetching object {id} timed out after {:.1}s",
-            self.timeout.as_secs_f64()
-        );
-        tracing::warn!(object = %id, "{reason}");
-        Err(reason)
+    /// Stops the timer; flights still running complete on their own.
+    pub fn shutdown(&self) {
+        self.state.lock().expect("fetch state lock").stop = true;
+        self.timer_wake.notify_all();
     }
 
-    /// Takes a fetch slot (waiting for one until `deadline`) and starts the
-    /// flight's thread.
-    fn launch(
-        self: &Arc<Self>,
-        id: &ObjectId,
-        size: u64,
-        flight: &Arc<Flight>,
-        deadline: Instant,
-    ) -> Result<(), String> {
-        {
-            let mut running = self.running.lock().expect("fetch slots lock");
-            while *running >= self.max_fetches {
-                let now = Instant::now();
-                if now >= deadline {
-                    let reason = format!(
-                        "fetching object {id}: {} fetches already in flight (the limit)",
-                        self.max_fetches
-                    );
-                    tracing::warn!(object = %id, "{reason}");
-                    return Err(reason);
-                }
-                running = self
-                    .slot_freed
-                    .wait_timeout(running, deadline - now)
-                    .expect("fetch slots lock")
-                    .0;
-            }
-            *running += 1;
+    /// Runs `waiter` once `id` (of `size` bytes) is in the store, or with
+    /// an error once that failed or the flight's deadline passed. Runs it
+    /// at once, on this thread, if the object is there already; otherwise
+    /// later, on a fetch thread or the timer.
+    pub fn when_present(self: &Arc<Self>, id: &ObjectId, size: u64, waiter: Waiter) {
+        if self.store.has_object(id) {
+            return waiter(Ok(()));
         }
+        let mut state = self.state.lock().expect("fetch state lock");
+        if let Some(f) = state.inflight.get(id) {
+            // Completion takes a flight out of the table (under this lock)
+            // before it takes the waiters: one in the table takes more.
+            let mut waiters = f.waiters.lock().expect("flight lock");
+            if let Some(w) = waiters.as_mut() {
+                w.push(waiter);
+                return;
+            }
+        }
+        let flight = Arc::new(Flight {
+            id: *id,
+            size,
+            deadline: Instant::now() + self.timeout,
+            abandoned: AtomicBool::new(false),
+            waiters: Mutex::new(Some(vec![waiter])),
+        });
+        state.inflight.insert(*id, flight.clone());
+        if state.running < self.max_fetches {
+            state.running += 1;
+            drop(state);
+            self.spawn(flight);
+        } else {
+            state.queue.push_back(flight);
+            drop(state);
+        }
+        self.timer_wake.notify_all();
+    }
+
+    /// Starts a fetch thread for `flight` (its slot already counted).
+    fn spawn(self: &Arc<Self>, flight: Arc<Flight>) {
         self.counters.started.fetch_add(1, Ordering::Relaxed);
         let me = self.clone();
-        let flight = flight.clone();
-        let id = *id;
+        let f = flight.clone();
         let spawned = std::thread::Builder::new()
-            .name(format!("cairn-fetch-{}", &id.to_hex()[..8]))
+            .name(format!("cairn-fetch-{}", &flight.id.to_hex()[..8]))
             .spawn(move || {
-                let result = me.fetch_and_publish(&id, size, &flight.abandoned);
-                let outcome = match result {
-                    Ok(()) => {
-                        me.counters.published.fetch_add(1, Ordering::Relaxed);
-                        Outcome::Ok
-                    }
-                    Err(reason) => {
-                        me.counters.failed.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(object = %id, "{reason}");
-                        Outcome::Failed(reason)
-                    }
-                };
-                me.finish(&id, &flight, outcome);
-                *me.running.lock().expect("fetch slots lock") -= 1;
-                me.slot_freed.notify_one();
+                me.run(&f);
+                me.slot_done();
             });
         if let Err(e) = spawned {
-            *self.running.lock().expect("fetch slots lock") -= 1;
-            self.slot_freed.notify_one();
-            return Err(format!("fetching object {id}: starting a thread: {e}"));
+            let reason = format!("fetching object {}: starting a thread: {e}", flight.id);
+            tracing::warn!(object = %flight.id, "{reason}");
+            self.complete(&flight, Err(reason));
+            self.slot_done();
         }
-        Ok(())
     }
 
-    fn finish(&self, id: &ObjectId, flight: &Arc<Flight>, outcome: Outcome) {
-        // Out of the table first: a waiter woken by the outcome may return
-        // and its caller open again at once, and that open must start a new
-        // flight, not find this finished one.
-        self.forget_flight(id, flight);
-        *flight.outcome.lock().expect("flight lock") = outcome;
-        flight.done.notify_all();
+    /// A fetch thread ends: its slot goes to the oldest queued flight that
+    /// is still wanted.
+    fn slot_done(self: &Arc<Self>) {
+        let next = {
+            let mut state = self.state.lock().expect("fetch state lock");
+            let next = loop {
+                match state.queue.pop_front() {
+                    Some(f) if f.abandoned.load(Ordering::SeqCst) => continue,
+                    other => break other,
+                }
+            };
+            if next.is_none() {
+                state.running -= 1;
+            }
+            next
+        };
+        if let Some(f) = next {
+            self.spawn(f);
+        }
     }
 
-    /// Removes `flight` from the table if it is still the object's flight.
-    fn forget_flight(&self, id: &ObjectId, flight: &Arc<Flight>) {
-        let mut map = self.inflight.lock().expect("fetch table lock");
-        if map.get(id).is_some_and(|f| Arc::ptr_eq(f, flight)) {
-            map.remove(id);
+    /// The fetch thread's work, then completion.
+    fn run(&self, flight: &Arc<Flight>) {
+        let id = flight.id;
+        if flight.abandoned.load(Ordering::SeqCst) {
+            // Expired while queued: the timer ran its waiters.
+            return;
+        }
+        let outcome = self.fetch_and_publish(&id, flight.size, &flight.abandoned);
+        match &outcome {
+            Ok(()) => {
+                self.counters.published.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(reason) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(object = %id, "{reason}");
+            }
+        }
+        self.complete(flight, outcome);
+    }
+
+    /// Takes `flight` out of the table (if it is still there), then runs
+    /// its waiters with `outcome`, unless they ran already.
+    fn complete(&self, flight: &Arc<Flight>, outcome: Result<(), String>) {
+        {
+            let mut state = self.state.lock().expect("fetch state lock");
+            if state
+                .inflight
+                .get(&flight.id)
+                .is_some_and(|f| Arc::ptr_eq(f, flight))
+            {
+                state.inflight.remove(&flight.id);
+            }
+        }
+        let waiters = flight.waiters.lock().expect("flight lock").take();
+        for w in waiters.into_iter().flatten() {
+            w(outcome.clone());
         }
     }
 
@@ -258,6 +270,12 @@ impl Fetcher {
         }
         fetched.map_err(|e| format!("fetching object {id}: {e}; nothing stored"))?;
         let got = w.stager.len();
+        if got != size {
+            return Err(format!(
+                "fetching object {id}: the source sent {got} bytes, the object has {size}; \
+                 nothing stored"
+            ));
+        }
         let staged = w
             .stager
             .finish(store)
@@ -273,6 +291,62 @@ impl Fetcher {
             .publish_staged([staged])
             .map_err(|e| format!("publishing object {id}: {e}"))?;
         Ok(())
+    }
+}
+
+/// The timer: abandons flights past their deadline.
+fn timer(fetcher: Weak<Fetcher>) {
+    loop {
+        let Some(f) = fetcher.upgrade() else { return };
+        let expired = {
+            let mut state = f.state.lock().expect("fetch state lock");
+            if state.stop {
+                return;
+            }
+            let now = Instant::now();
+            let expired: Vec<Arc<Flight>> = state
+                .inflight
+                .values()
+                .filter(|fl| fl.deadline <= now)
+                .cloned()
+                .collect();
+            if expired.is_empty() {
+                // Sleep to the next deadline (or a while, to notice the
+                // fetcher going away), unless woken by a new flight.
+                let next = state
+                    .inflight
+                    .values()
+                    .map(|fl| fl.deadline)
+                    .min()
+                    .map_or(Duration::from_secs(1), |d| {
+                        d.saturating_duration_since(now).min(Duration::from_secs(1))
+                    });
+                drop(
+                    f.timer_wake
+                        .wait_timeout(state, next)
+                        .expect("fetch state lock"),
+                );
+                continue;
+            }
+            for fl in &expired {
+                fl.abandoned.store(true, Ordering::SeqCst);
+                state.inflight.remove(&fl.id);
+            }
+            state
+                .queue
+                .retain(|fl| !fl.abandoned.load(Ordering::SeqCst));
+            expired
+        };
+        for fl in expired {
+            f.counters.timed_out.fetch_add(1, Ordering::Relaxed);
+            let reason = format!(
+                "fetching object {} timed out after {:.1}s",
+                fl.id,
+                f.timeout.as_secs_f64()
+            );
+            tracing::warn!(object = %fl.id, "{reason}");
+            f.complete(&fl, Err(reason));
+        }
     }
 }
 

@@ -248,16 +248,17 @@ pub fn serve(
 ) -> Result<FuseMount, FuseError> {
     let target = mountpoint.to_path_buf();
     let devfd = dev::open_dev().map_err(FuseError::OpenDevice)?;
-    dev::mount(devfd.as_fd(), &target, &options.source_name).map_err(|error| FuseError::Mount {
-        target: target.clone(),
-        error,
-    })?;
-    let fetcher = Arc::new(Fetcher::new(
+    let fetcher = Fetcher::start(
         store.clone(),
         source,
         options.fetch_timeout,
         options.max_fetches,
-    ));
+    )
+    .map_err(FuseError::Spawn)?;
+    dev::mount(devfd.as_fd(), &target, &options.source_name).map_err(|error| FuseError::Mount {
+        target: target.clone(),
+        error,
+    })?;
     let server = Arc::new(Server::new(devfd, store, fetcher, options.max_nodes));
     let mut mount = FuseMount {
         target: target.clone(),
@@ -339,7 +340,7 @@ fn handshake(server: &Server) -> Result<(), String> {
 }
 
 /// One worker: read a request, answer it, until the connection ends.
-fn worker(server: &Server) {
+fn worker(server: &Arc<Server>) {
     let mut buf = vec![0u8; REQUEST_BUFFER];
     loop {
         match dev::read(server.dev.as_fd(), &mut buf) {

@@ -140,6 +140,12 @@ fn parse_object(b: u8, name: &[u8]) -> Option<ObjectId> {
     ObjectId::from_hex(&hex).ok()
 }
 
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.fetcher.shutdown();
+    }
+}
+
 impl Server {
     pub fn new(dev: OwnedFd, store: Arc<Store>, fetcher: Arc<Fetcher>, max_nodes: usize) -> Server {
         Server {
@@ -173,7 +179,7 @@ impl Server {
     }
 
     /// Handles one message read from the device.
-    pub fn handle(&self, msg: &[u8]) -> Flow {
+    pub fn handle(self: &Arc<Self>, msg: &[u8]) -> Flow {
         let req = match Request::parse(msg) {
             Ok(r) => r,
             Err(e) => {
@@ -209,6 +215,14 @@ impl Server {
                 self.reply(Reply::ok(unique));
                 return Flow::Stop;
             }
+            Op::Open { flags } => {
+                if flags as i32 & libc::O_ACCMODE != libc::O_RDONLY {
+                    self.reply(Reply::error(unique, libc::EROFS));
+                } else {
+                    // Replies itself, now or once the object is fetched.
+                    self.open(unique, node);
+                }
+            }
             op => {
                 let r = self.answer(unique, node, op);
                 self.reply(r);
@@ -230,15 +244,6 @@ impl Server {
                 Some(a) => Reply::ok(unique).attr(VALID_SECS, &a),
                 None => err(libc::ENOENT),
             },
-            Op::Open { flags } => {
-                if flags as i32 & libc::O_ACCMODE != libc::O_RDONLY {
-                    return err(libc::EROFS);
-                }
-                match self.open(node) {
-                    Ok((fh, flags, backing)) => Reply::ok(unique).open(fh, flags, backing),
-                    Err(e) => err(e),
-                }
-            }
             Op::Read { fh, offset, size } => self.read(unique, fh, offset, size),
             Op::Release { fh } => {
                 self.release(fh);
@@ -274,9 +279,11 @@ impl Server {
             }
             Op::Other => err(libc::ENOSYS),
             // Handled by the caller.
-            Op::Forget { .. } | Op::BatchForget(_) | Op::Interrupt { .. } | Op::Destroy => {
-                err(libc::ENOSYS)
-            }
+            Op::Open { .. }
+            | Op::Forget { .. }
+            | Op::BatchForget(_)
+            | Op::Interrupt { .. }
+            | Op::Destroy => err(libc::ENOSYS),
         }
     }
 
@@ -366,23 +373,41 @@ impl Server {
         }
     }
 
-    /// Opens an object: local, or fetched and verified first. Returns the
-    /// handle, the open flags and the backing id (0 without passthrough).
-    fn open(&self, node: u64) -> Result<(u64, u32, i32), i32> {
+    /// Opens an object and replies: at once if it is in the store,
+    /// otherwise once it has been fetched and verified (or with `EIO` when
+    /// that failed or timed out). The worker never waits for a fetch.
+    fn open(self: &Arc<Self>, unique: u64, node: u64) {
         let (id, size) = {
             let nodes = self.nodes.lock().expect("nodes lock");
             match nodes.nodes.get(&node) {
                 Some(n) => (n.id, n.size),
                 None if node == proto::ROOT_ID || node_fanout(node).is_some() => {
-                    return Err(libc::EISDIR)
+                    return self.reply(Reply::error(unique, libc::EISDIR));
                 }
-                None => return Err(libc::ENOENT),
+                None => return self.reply(Reply::error(unique, libc::ENOENT)),
             }
         };
-        if let Err(reason) = self.fetcher.ensure(&id, size) {
-            tracing::debug!(object = %id, "open fails with EIO: {reason}");
-            return Err(libc::EIO);
-        }
+        let me = self.clone();
+        let waiter = Box::new(move |present: Result<(), String>| {
+            let reply = match present.map_err(|reason| {
+                tracing::debug!(object = %id, "open fails with EIO: {reason}");
+                libc::EIO
+            }) {
+                Ok(()) => match me.open_present(node, &id, size) {
+                    Ok((fh, flags, backing)) => Reply::ok(unique).open(fh, flags, backing),
+                    Err(e) => Reply::error(unique, e),
+                },
+                Err(e) => Reply::error(unique, e),
+            };
+            me.reply(reply);
+        });
+        self.fetcher.when_present(&id, size, waiter);
+    }
+
+    /// Opens an object that is in the store. Returns the handle, the open
+    /// flags and the backing id (0 without passthrough).
+    fn open_present(&self, node: u64, id: &ObjectId, size: u64) -> Result<(u64, u32, i32), i32> {
+        let id = *id;
         let path = self.store.object_path(&id);
         let file = File::open(&path).map_err(|e| {
             tracing::warn!(object = %id, "opening {}: {e}", path.display());

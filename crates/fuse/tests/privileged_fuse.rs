@@ -119,12 +119,21 @@ impl Fixture {
     }
 
     fn serve(&self, source: Arc<dyn ObjectSource>, timeout: Duration) -> FuseMount {
+        self.serve_with(source, timeout, 4)
+    }
+
+    fn serve_with(
+        &self,
+        source: Arc<dyn ObjectSource>,
+        timeout: Duration,
+        workers: usize,
+    ) -> FuseMount {
         serve(
             self.store.clone(),
             source,
             &self.lazy,
             ServeOptions {
-                workers: 4,
+                workers,
                 fetch_timeout: timeout,
                 source_name: "cairn-test".into(),
                 ..ServeOptions::default()
@@ -471,6 +480,45 @@ fn privileged_fuse_fetch() {
         let stats = unmount_fuse(fuse);
         assert_eq!(stats.backing_opened, stats.backing_closed, "{stats:?}");
         assert_eq!(staged_files(&fx.store), 0);
+    });
+}
+
+#[test]
+fn privileged_fuse_fetch_leaves_workers_free() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let slow = content(20, 10_000);
+        let local = content(21, 5000);
+        fx.store.import_bytes(&local).unwrap();
+        let source = Arc::new(TestSource::new(&[(
+            &slow,
+            Behaviour::Good {
+                delay: Duration::from_millis(1500),
+            },
+        )]));
+        // One worker: if it waited for the fetch, nothing else would be
+        // served meanwhile.
+        let fuse = fx.serve_with(source.clone(), Duration::from_secs(10), 1);
+        let slow_path = fx.lazy.join(id_of(&slow).object_path());
+        let reader = std::thread::spawn(move || fs::read(slow_path).unwrap());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while source.in_fetch.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the fetch never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let t0 = Instant::now();
+        let got = fs::read(fx.lazy.join(id_of(&local).object_path())).unwrap();
+        let took = t0.elapsed();
+        assert_eq!(got, local);
+        assert_eq!(
+            source.in_fetch.load(Ordering::SeqCst),
+            1,
+            "the local object must be served while the fetch is still running (took {took:?})"
+        );
+        assert_eq!(reader.join().unwrap(), slow);
+        wait_backing_closed(&fuse);
+        let stats = unmount_fuse(fuse);
+        assert_eq!(stats.reads, 0, "{stats:?}");
     });
 }
 
