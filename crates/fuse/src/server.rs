@@ -4,7 +4,7 @@
 //! # The tree and its node ids
 //!
 //! ```text
-//! 1                  the root (FUSE_ROOT_ID), 0555
+//! 1                  the root (FUSE_ROOT_ID), 0500 (root's only)
 //! 2 + b              the fan-out directory of first byte b ("00".."ff"), 0555
 //! 0x1000 and up      objects, one id per object while the kernel knows it,
 //!                    never reused (a u64 counter)
@@ -94,9 +94,15 @@ pub(crate) enum Flow {
 }
 
 fn dir_attr(ino: u64) -> Attr {
+    // The root is root's alone, as the store is (0700, read-only here):
+    // other users must not read every object on the host through this
+    // mount, nor make it fetch. overlayfs reaches its lower layers with
+    // the credentials of whoever mounted it (root), and containers read
+    // their files through the overlay, as their image's modes allow.
+    let perm = if ino == proto::ROOT_ID { 0o500 } else { 0o555 };
     Attr {
         ino,
-        mode: libc::S_IFDIR | 0o555,
+        mode: libc::S_IFDIR | perm,
         nlink: 2,
         blksize: 4096,
         ..Attr::default()

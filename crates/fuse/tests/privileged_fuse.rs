@@ -234,6 +234,23 @@ fn privileged_fuse_passthrough() {
             io::ErrorKind::NotFound
         );
         assert_eq!(fs::read(&direct).unwrap(), mid);
+        // Another user can neither read objects through the mount nor
+        // make it look anything up (the root is 0500, as the store is
+        // private); the overlay still serves them (below).
+        use std::os::unix::process::CommandExt;
+        let out = std::process::Command::new("cat")
+            .arg(&direct)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("running cat as nobody");
+        assert!(
+            !out.status.success()
+                && out.stdout.is_empty()
+                && String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+            "nobody read an object through the lazy layer: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
 
         fx.mount_overlay(&image);
         for (name, data) in [("small", &small), ("mid", &mid), ("big", &big)] {
@@ -258,6 +275,23 @@ fn privileged_fuse_passthrough() {
         );
         assert!(stats.passthrough_opens >= 4, "{stats:?}");
         assert_eq!(stats.plain_opens, 0, "{stats:?}");
+        // As an unprivileged user, through the overlay (the image's files
+        // are 0644).
+        let out = std::process::Command::new("cat")
+            .arg(fx.target.join("mid"))
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("running cat as nobody");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stdout == mid,
+            "nobody read wrong bytes through the overlay"
+        );
         assert_eq!(stats.fetches_started, 0, "{stats:?}");
 
         umount_retrying(&fx.target);
