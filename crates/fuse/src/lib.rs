@@ -313,7 +313,11 @@ fn handshake(server: &Server) -> Result<(), String> {
         | init_flags::BIG_WRITES
         | init_flags::PARALLEL_DIROPS
         | init_flags::MAX_PAGES
-        | init_flags::INIT_EXT) as u64;
+        | init_flags::INIT_EXT) as u64
+        // An idmapped clone of the layer (`cairn mount --idmap`) needs it;
+        // the kernel honours it only with default_permissions, which we
+        // mount with.
+        | (init_flags::ALLOW_IDMAP2 as u64) << 32;
     let passthrough = init.minor >= proto::PASSTHROUGH_MINOR && offered & passthrough_bit != 0;
     if passthrough {
         wanted |= passthrough_bit;

@@ -78,6 +78,9 @@ pub mod init_flags {
     pub const INIT_EXT: u32 = 1 << 30;
     /// `FUSE_PASSTHROUGH` is bit 37: bit 5 of `flags2`.
     pub const PASSTHROUGH2: u32 = 1 << (37 - 32);
+    /// `FUSE_ALLOW_IDMAP` is bit 40: bit 8 of `flags2` (Linux 6.12; with
+    /// `default_permissions` the mount may then be idmapped).
+    pub const ALLOW_IDMAP2: u32 = 1 << (40 - 32);
 }
 
 /// `fuse_open_out.open_flags` bits.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use cairn_erofs::dump::{parse_dump, ParseOptions};
 use cairn_erofs::writer::{mkfs_erofs_to_vec, WriteOptions};
 use cairn_fuse::{serve, FetchError, FuseMount, NoSource, ObjectSource, ServeOptions};
-use cairn_mount::{mount_image, umount, MountOptions, UpperSpec, VerityMode};
+use cairn_mount::{mount_image, umount, IdMap, MountOptions, UpperSpec, VerityMode};
 use cairn_store::{fsverity_digest, ObjectId, Store};
 use rustix::io::Errno;
 
@@ -143,12 +143,16 @@ impl Fixture {
     }
 
     fn mount_overlay(&self, image: &Path) {
+        self.mount_overlay_with(image, UpperSpec::None, None);
+    }
+
+    fn mount_overlay_with(&self, image: &Path, upper: UpperSpec, idmap: Option<IdMap>) {
         mount_image(&MountOptions {
             image,
             objects: &self.lazy,
             target: &self.target,
-            upper: UpperSpec::None,
-            idmap: None,
+            upper,
+            idmap,
             verity: VerityMode::Off,
         })
         .expect("mounting the overlay over the lazy layer");
@@ -299,6 +303,44 @@ fn privileged_fuse_passthrough() {
         let stats = unmount_fuse(fuse);
         assert_eq!(stats.backing_opened, stats.backing_closed, "{stats:?}");
         assert_eq!(stats.bad_messages, 0);
+    });
+}
+
+#[test]
+fn privileged_fuse_idmapped_overlay() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let local = content(30, 40_000);
+        let lazy = content(31, 70_000);
+        fx.store.import_bytes(&local).unwrap();
+        let source = Arc::new(TestSource::new(&[(
+            &lazy,
+            Behaviour::Good {
+                delay: Duration::ZERO,
+            },
+        )]));
+        let image = fx.image(&[("local", &local), ("lazy", &lazy)]);
+        let fuse = fx.serve(source, Duration::from_secs(5));
+        // cairn_mount clones the objects layer and idmaps the clone.
+        fx.mount_overlay_with(
+            &image,
+            UpperSpec::Tmpfs { size: None },
+            Some(IdMap {
+                uid: 100_000,
+                gid: 100_000,
+                count: 65_536,
+            }),
+        );
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(fx.target.join("local")).unwrap();
+        assert_eq!((m.uid(), m.gid()), (100_000, 100_000));
+        assert_eq!(fs::read(fx.target.join("local")).unwrap(), local);
+        assert_eq!(fs::read(fx.target.join("lazy")).unwrap(), lazy);
+        umount_retrying(&fx.target);
+        wait_backing_closed(&fuse);
+        let stats = unmount_fuse(fuse);
+        assert_eq!(stats.reads, 0, "{stats:?}");
+        assert_eq!(stats.fetches_published, 1, "{stats:?}");
     });
 }
 
