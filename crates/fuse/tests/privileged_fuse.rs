@@ -344,6 +344,60 @@ fn privileged_fuse_idmapped_overlay() {
     });
 }
 
+/// What a server's death does to the stack: the kernel aborts the
+/// connection (here through fusectl's `abort`, which is what closing the
+/// last `/dev/fuse` descriptor does): files already open keep reading from
+/// their backing files; new opens fail with `ENOTCONN`.
+#[test]
+fn privileged_fuse_server_death_keeps_open_files() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let one = content(40, 300_000);
+        let two = content(41, 300_000);
+        fx.store.import_bytes(&one).unwrap();
+        fx.store.import_bytes(&two).unwrap();
+        let image = fx.image(&[("one", &one), ("two", &two)]);
+        let mut fuse = fx.serve(Arc::new(NoSource), Duration::from_secs(5));
+        fx.mount_overlay(&image);
+        let mut f = fs::File::open(fx.target.join("one")).unwrap();
+        let mut head = vec![0u8; 1000];
+        f.read_exact(&mut head).unwrap();
+
+        // fusectl, in this test's own mount namespace.
+        let ctl = Path::new("/sys/fs/fuse/connections");
+        if fs::read_dir(ctl)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(true)
+        {
+            rustix::mount::mount(
+                "fusectl",
+                ctl,
+                "fusectl",
+                rustix::mount::MountFlags::empty(),
+                None,
+            )
+            .expect("mounting fusectl");
+        }
+        use std::os::unix::fs::MetadataExt;
+        let dev = fs::metadata(&fx.lazy).unwrap().dev();
+        let conn = ctl.join(format!("{}", rustix::fs::minor(dev)));
+        fs::write(conn.join("abort"), b"1").expect("aborting the connection");
+
+        let mut rest = Vec::new();
+        f.read_to_end(&mut rest)
+            .expect("an open file reads on after the server is gone");
+        assert!([head, rest].concat() == one, "wrong bytes after the abort");
+        drop(f);
+        let err = fs::File::open(fx.target.join("two")).expect_err("a new open must fail");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+
+        umount_retrying(&fx.target);
+        let stats = fuse.unmount().expect("unmounting the aborted layer");
+        assert_eq!(stats.reads, 0, "{stats:?}");
+        let _ = rustix::mount::unmount(ctl, rustix::mount::UnmountFlags::empty());
+    });
+}
+
 /// How the test source behaves for one object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Behaviour {
