@@ -62,6 +62,14 @@ pub fn mount(dev: BorrowedFd<'_>, target: &Path, source: &str) -> io::Result<()>
     Ok(())
 }
 
+/// Makes reads of the device return `EAGAIN` when no request is queued,
+/// so that workers can wait in `poll` for a request or a stop.
+pub fn set_nonblocking(dev: BorrowedFd<'_>) -> io::Result<()> {
+    let flags = rustix::fs::fcntl_getfl(dev)?;
+    rustix::fs::fcntl_setfl(dev, flags | OFlags::NONBLOCK)?;
+    Ok(())
+}
+
 /// Unmounts `target` (lazily with `detach`).
 pub fn unmount(target: &Path, detach: bool) -> io::Result<()> {
     let mut flags = UnmountFlags::NOFOLLOW;

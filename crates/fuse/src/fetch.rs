@@ -109,6 +109,10 @@ impl Fetcher {
         Ok(f)
     }
 
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     pub fn source(&self) -> &dyn ObjectSource {
         &*self.source
     }

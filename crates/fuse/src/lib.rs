@@ -32,11 +32,13 @@
 
 mod dev;
 mod fetch;
+mod handover;
 pub mod proto;
 mod server;
 
-use std::io;
-use std::os::fd::AsFd;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -137,6 +139,8 @@ pub enum FuseError {
     Unmount { target: PathBuf, error: io::Error },
     #[error("starting the FUSE workers: {0}")]
     Spawn(io::Error),
+    #[error("handing over the FUSE data layer at {}: {reason}", target.display())]
+    HandOver { target: PathBuf, reason: String },
 }
 
 /// A snapshot of the server's counters.
@@ -166,8 +170,52 @@ pub struct Stats {
 pub struct FuseMount {
     target: PathBuf,
     server: Arc<Server>,
-    workers: Vec<JoinHandle<()>>,
+    workers: Workers,
     mounted: bool,
+}
+
+/// The worker threads and the write end of the pipe that stops them
+/// (closing it wakes every worker's `poll`).
+struct Workers {
+    stop: Option<OwnedFd>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    fn start(server: &Arc<Server>, n: usize) -> Result<Workers, FuseError> {
+        let (stop_r, stop_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| FuseError::Spawn(e.into()))?;
+        let stop_r = Arc::new(stop_r);
+        let mut w = Workers {
+            stop: Some(stop_w),
+            threads: Vec::new(),
+        };
+        for i in 0..n.max(1) {
+            let (s, r) = (server.clone(), stop_r.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("cairn-fuse-{i}"))
+                .spawn(move || worker(&s, &r))
+                .map_err(FuseError::Spawn)?;
+            w.threads.push(t);
+        }
+        Ok(w)
+    }
+
+    /// Stops the workers (each finishes the request in hand) and waits.
+    fn stop(&mut self) {
+        self.stop = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    /// Waits for workers that stop by themselves (the connection ended).
+    fn join(&mut self) {
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.stop = None;
+    }
 }
 
 impl std::fmt::Debug for FuseMount {
@@ -215,10 +263,65 @@ impl FuseMount {
             })?;
             self.mounted = false;
         }
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
+        self.workers.join();
         Ok(self.stats())
+    }
+
+    /// Hands the connection, the mountpoint and the server's state to a
+    /// successor ([`take_over`]) over `sock`, and stops serving once the
+    /// successor has said it serves. The mount stays as it is: nothing in
+    /// the kernel notices, files open stay open, and requests that arrive
+    /// meanwhile wait in the kernel's queue. If the successor fails, this
+    /// server serves on and is given back with the error.
+    ///
+    /// Opens waiting for a fetch are answered first (at worst at their
+    /// deadline, `fetch_timeout`), so none is lost in the hand-over.
+    #[allow(clippy::result_large_err)]
+    pub fn hand_over(mut self, sock: &UnixStream) -> Result<(), (FuseMount, FuseError)> {
+        self.workers.stop();
+        let deadline =
+            std::time::Instant::now() + self.server.fetcher.timeout() + Duration::from_secs(1);
+        while self.server.pending_opens.load(Ordering::SeqCst) != 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let result = if self.server.pending_opens.load(Ordering::SeqCst) != 0 {
+            Err("opens waiting for fetches did not finish".to_string())
+        } else {
+            let state = self.server.export_state();
+            handover::send(sock, self.server.dev.as_fd(), &self.target, &state)
+                .map_err(|e| format!("sending the connection: {e}"))
+                .and_then(|()| {
+                    let mut ack = [0u8; 1];
+                    match (&*sock).read_exact(&mut ack) {
+                        Ok(()) if ack[0] == handover::ACK => Ok(()),
+                        Ok(()) => Err(format!("the successor answered {:?}", ack[0] as char)),
+                        Err(e) => Err(format!("the successor did not take over: {e}")),
+                    }
+                })
+        };
+        match result {
+            Ok(()) => {
+                // The successor owns the mount now.
+                self.mounted = false;
+                Ok(())
+            }
+            Err(reason) => {
+                let err = FuseError::HandOver {
+                    target: self.target.clone(),
+                    reason,
+                };
+                let n = self.server.workers;
+                match Workers::start(&self.server, n) {
+                    Ok(w) => self.workers = w,
+                    Err(e) => {
+                        tracing::warn!("restarting FUSE workers after a failed hand-over: {e}")
+                    }
+                }
+                Err((self, err))
+            }
+        }
     }
 }
 
@@ -226,8 +329,13 @@ impl Drop for FuseMount {
     fn drop(&mut self) {
         if self.mounted {
             // Detached: the connection lives while anything uses it, and
-            // the (detached) workers serve it until the kernel ends it.
+            // the (detached) workers serve it until the kernel ends it. So
+            // their stop pipe must stay open: its write end is left behind
+            // (one descriptor for the life of the process).
             let _ = dev::unmount(&self.target, true);
+            if let Some(stop) = self.workers.stop.take() {
+                std::mem::forget(stop);
+            }
         }
     }
 }
@@ -259,11 +367,20 @@ pub fn serve(
         target: target.clone(),
         error,
     })?;
-    let server = Arc::new(Server::new(devfd, store, fetcher, options.max_nodes));
+    let server = Arc::new(Server::new(
+        devfd,
+        store,
+        fetcher,
+        options.max_nodes,
+        options.workers,
+    ));
     let mut mount = FuseMount {
         target: target.clone(),
         server: server.clone(),
-        workers: Vec::new(),
+        workers: Workers {
+            stop: None,
+            threads: Vec::new(),
+        },
         mounted: true,
     };
     // From here on, dropping `mount` detaches it again.
@@ -271,15 +388,54 @@ pub fn serve(
         target: target.clone(),
         reason,
     })?;
-    for i in 0..options.workers.max(1) {
-        let s = server.clone();
-        let w = std::thread::Builder::new()
-            .name(format!("cairn-fuse-{i}"))
-            .spawn(move || worker(&s))
-            .map_err(FuseError::Spawn)?;
-        mount.workers.push(w);
-    }
+    dev::set_nonblocking(server.dev.as_fd()).map_err(FuseError::OpenDevice)?;
+    mount.workers = Workers::start(&server, options.workers)?;
     Ok(mount)
+}
+
+/// Takes over a connection that a predecessor hands over on `sock`
+/// ([`FuseMount::hand_over`]): receives the `/dev/fuse` descriptor, the
+/// mountpoint and the server's state, checks the state, opens the files of
+/// the handles open in the kernel again from `store`, starts serving and
+/// tells the predecessor so. `options.source_name` is not used (the mount
+/// exists already).
+pub fn take_over(
+    store: Arc<Store>,
+    source: Arc<dyn ObjectSource>,
+    sock: &UnixStream,
+    options: ServeOptions,
+) -> Result<FuseMount, FuseError> {
+    let fail = |target: &Path, reason: String| FuseError::HandOver {
+        target: target.to_path_buf(),
+        reason,
+    };
+    let (devfd, target, state) =
+        handover::receive(sock, options.max_nodes).map_err(|r| fail(Path::new("?"), r))?;
+    let fetcher = Fetcher::start(
+        store.clone(),
+        source,
+        options.fetch_timeout,
+        options.max_fetches,
+    )
+    .map_err(FuseError::Spawn)?;
+    let server = Arc::new(Server::new(
+        devfd,
+        store,
+        fetcher,
+        options.max_nodes,
+        options.workers,
+    ));
+    server.import_state(state).map_err(|r| fail(&target, r))?;
+    let workers = Workers::start(&server, options.workers)?;
+    (&*sock)
+        .write_all(&[handover::ACK])
+        .map_err(|e| fail(&target, format!("telling the predecessor: {e}")))?;
+    Ok(FuseMount {
+        target,
+        server,
+        workers,
+        mounted: true,
+    })
 }
 
 /// Reads the kernel's INIT and answers it: passthrough with a stack depth
@@ -343,10 +499,29 @@ fn handshake(server: &Server) -> Result<(), String> {
     Ok(())
 }
 
-/// One worker: read a request, answer it, until the connection ends.
-fn worker(server: &Arc<Server>) {
+/// One worker: wait for a request (or the stop pipe), read it, answer it,
+/// until the connection ends or the workers are stopped. The device is
+/// non-blocking: every worker wakes for a request, one reads it, the
+/// others find nothing (`EAGAIN`) and wait again.
+fn worker(server: &Arc<Server>, stop: &OwnedFd) {
+    use rustix::event::{poll, PollFd, PollFlags};
     let mut buf = vec![0u8; REQUEST_BUFFER];
     loop {
+        let mut fds = [
+            PollFd::new(&server.dev, PollFlags::IN),
+            PollFd::new(stop, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(Errno::INTR | Errno::AGAIN) => continue,
+            Err(e) => {
+                tracing::warn!("polling /dev/fuse: {e}; worker stops");
+                return;
+            }
+        }
+        if !fds[1].revents().is_empty() {
+            return;
+        }
         match dev::read(server.dev.as_fd(), &mut buf) {
             Ok(n) => {
                 if server.handle(&buf[..n]) == Flow::Stop {

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cairn_store::{ObjectId, Store};
@@ -29,7 +29,7 @@ use crate::fetch::Fetcher;
 use crate::proto::{self, open_flags, Attr, Op, Reply, Request};
 
 /// The first node id given to an object.
-const FIRST_OBJECT_ID: u64 = 0x1000;
+pub(crate) const FIRST_OBJECT_ID: u64 = 0x1000;
 /// How long the kernel may cache entries and attributes: objects never
 /// change, and neither does the directory tree.
 const VALID_SECS: u64 = 3600;
@@ -80,10 +80,38 @@ pub(crate) struct Server {
     pub fetcher: Arc<Fetcher>,
     pub passthrough: AtomicBool,
     pub max_nodes: usize,
+    /// How many workers serve (kept to restart them).
+    pub workers: usize,
     nodes: Mutex<Nodes>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
+    /// Opens deferred to a fetch and not answered yet (a hand-over waits
+    /// for them).
+    pub pending_opens: AtomicUsize,
     pub counters: Counters,
+}
+
+/// One object node, as handed to a successor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NodeState {
+    pub node: u64,
+    pub id: ObjectId,
+    pub size: u64,
+    pub nlookup: u64,
+    pub opens: u32,
+    /// 0 for none.
+    pub backing: i32,
+}
+
+/// Everything a successor needs to serve the same connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ServerState {
+    pub passthrough: bool,
+    pub next_node: u64,
+    pub next_fh: u64,
+    pub nodes: Vec<NodeState>,
+    /// (handle, node).
+    pub handles: Vec<(u64, u64)>,
 }
 
 /// Whether the loop goes on after a request.
@@ -153,19 +181,27 @@ impl Drop for Server {
 }
 
 impl Server {
-    pub fn new(dev: OwnedFd, store: Arc<Store>, fetcher: Arc<Fetcher>, max_nodes: usize) -> Server {
+    pub fn new(
+        dev: OwnedFd,
+        store: Arc<Store>,
+        fetcher: Arc<Fetcher>,
+        max_nodes: usize,
+        workers: usize,
+    ) -> Server {
         Server {
             dev,
             store,
             fetcher,
             passthrough: AtomicBool::new(false),
             max_nodes,
+            workers,
             nodes: Mutex::new(Nodes {
                 next: FIRST_OBJECT_ID,
                 ..Nodes::default()
             }),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            pending_opens: AtomicUsize::new(0),
             counters: Counters::default(),
         }
     }
@@ -176,6 +212,79 @@ impl Server {
             Ok(()) | Err(Errno::NOENT) => {}
             Err(e) => tracing::debug!("writing a FUSE reply: {e}"),
         }
+    }
+
+    /// The state a successor needs. Call only once no worker runs and no
+    /// open is pending.
+    pub fn export_state(&self) -> ServerState {
+        let nodes = self.nodes.lock().expect("nodes lock");
+        let handles = self.handles.lock().expect("handles lock");
+        let mut ns: Vec<NodeState> = nodes
+            .nodes
+            .iter()
+            .map(|(&node, n)| NodeState {
+                node,
+                id: n.id,
+                size: n.size,
+                nlookup: n.nlookup,
+                opens: n.opens,
+                backing: n.backing.unwrap_or(0),
+            })
+            .collect();
+        ns.sort_by_key(|n| n.node);
+        let mut hs: Vec<(u64, u64)> = handles.iter().map(|(&fh, h)| (fh, h.node)).collect();
+        hs.sort();
+        ServerState {
+            passthrough: self.passthrough.load(Ordering::Relaxed),
+            next_node: nodes.next,
+            next_fh: self.next_fh.load(Ordering::Relaxed),
+            nodes: ns,
+            handles: hs,
+        }
+    }
+
+    /// Takes over a predecessor's state (already validated by
+    /// `handover::decode`): nodes as they were, and each handle's file
+    /// opened again from the store.
+    pub fn import_state(&self, st: ServerState) -> Result<(), String> {
+        let by_node: HashMap<u64, ObjectId> = st.nodes.iter().map(|n| (n.node, n.id)).collect();
+        let mut handles = HashMap::with_capacity(st.handles.len());
+        for &(fh, node) in &st.handles {
+            let id = by_node[&node];
+            let path = self.store.object_path(&id);
+            let file = File::open(&path).map_err(|e| {
+                format!(
+                    "handle {fh} of object {id}: opening {}: {e}",
+                    path.display()
+                )
+            })?;
+            handles.insert(
+                fh,
+                Handle {
+                    node,
+                    file: Arc::new(file),
+                },
+            );
+        }
+        let mut nodes = self.nodes.lock().expect("nodes lock");
+        nodes.next = st.next_node;
+        for n in st.nodes {
+            nodes.by_id.insert(n.id, n.node);
+            nodes.nodes.insert(
+                n.node,
+                Node {
+                    id: n.id,
+                    size: n.size,
+                    nlookup: n.nlookup,
+                    opens: n.opens,
+                    backing: (n.backing != 0).then_some(n.backing),
+                },
+            );
+        }
+        *self.handles.lock().expect("handles lock") = handles;
+        self.next_fh.store(st.next_fh, Ordering::Relaxed);
+        self.passthrough.store(st.passthrough, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Live backing ids (for tests: zero once everything is closed).
@@ -394,6 +503,7 @@ impl Server {
             }
         };
         let me = self.clone();
+        self.pending_opens.fetch_add(1, Ordering::SeqCst);
         let waiter = Box::new(move |present: Result<(), String>| {
             let reply = match present.map_err(|reason| {
                 tracing::debug!(object = %id, "open fails with EIO: {reason}");
@@ -406,6 +516,7 @@ impl Server {
                 Err(e) => Reply::error(unique, e),
             };
             me.reply(reply);
+            me.pending_opens.fetch_sub(1, Ordering::SeqCst);
         });
         self.fetcher.when_present(&id, size, waiter);
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use cairn_erofs::dump::{parse_dump, ParseOptions};
 use cairn_erofs::writer::{mkfs_erofs_to_vec, WriteOptions};
-use cairn_fuse::{serve, FetchError, FuseMount, NoSource, ObjectSource, ServeOptions};
+use cairn_fuse::{serve, take_over, FetchError, FuseMount, NoSource, ObjectSource, ServeOptions};
 use cairn_mount::{mount_image, umount, IdMap, MountOptions, UpperSpec, VerityMode};
 use cairn_store::{fsverity_digest, ObjectId, Store};
 use rustix::io::Errno;
@@ -397,6 +397,70 @@ fn privileged_fuse_server_death_keeps_open_files() {
         if mount_ctl {
             rustix::mount::unmount(ctl, rustix::mount::UnmountFlags::empty()).unwrap();
         }
+    });
+}
+
+/// A successor takes the live connection over a unix socket: files open
+/// across the hand-over read on, their release reaches the successor
+/// (which closes their backing ids), and new lookups, opens and fetches are
+/// the successor's; the old server has stopped.
+#[test]
+fn privileged_fuse_hand_over() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let kept = content(50, 500_000);
+        let later = content(51, 20_000);
+        let fetched = content(52, 30_000);
+        fx.store.import_bytes(&kept).unwrap();
+        fx.store.import_bytes(&later).unwrap();
+        let source = Arc::new(TestSource::new(&[(
+            &fetched,
+            Behaviour::Good {
+                delay: Duration::ZERO,
+            },
+        )]));
+        let image = fx.image(&[("kept", &kept), ("later", &later), ("fetched", &fetched)]);
+        let old = fx.serve(source.clone(), Duration::from_secs(5));
+        fx.mount_overlay(&image);
+        let mut f = fs::File::open(fx.target.join("kept")).unwrap();
+        let mut head = vec![0u8; 4096];
+        f.read_exact(&mut head).unwrap();
+        // Looked up, not open: the successor must know it too.
+        let later_meta = fs::metadata(fx.target.join("later")).unwrap();
+        assert_eq!(later_meta.len(), later.len() as u64);
+        assert_eq!(old.stats().live_backing_ids, 1);
+
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let store = fx.store.clone();
+        let src: Arc<dyn ObjectSource> = source.clone();
+        let successor = std::thread::spawn(move || {
+            take_over(store, src, &b, ServeOptions::default()).expect("taking over")
+        });
+        old.hand_over(&a).map_err(|(_, e)| e).expect("handing over");
+        let mut new = successor.join().unwrap();
+        assert_eq!(new.path(), fx.lazy);
+        assert_eq!(new.stats().live_backing_ids, 1, "the backing id moved over");
+
+        let mut rest = Vec::new();
+        f.read_to_end(&mut rest).unwrap();
+        assert!(
+            [head, rest].concat() == kept,
+            "wrong bytes across the hand-over"
+        );
+        drop(f);
+        assert_eq!(fs::read(fx.target.join("later")).unwrap(), later);
+        assert_eq!(fs::read(fx.target.join("fetched")).unwrap(), fetched);
+        assert!(fx.store.has_object(&id_of(&fetched)));
+        let stats = new.stats();
+        assert_eq!(stats.fetches_published, 1, "{stats:?}");
+        assert_eq!(stats.reads, 0, "{stats:?}");
+
+        umount_retrying(&fx.target);
+        wait_backing_closed(&new);
+        let stats = new.unmount().expect("unmounting after the hand-over");
+        // The release of the file opened before the hand-over closed the
+        // old server's backing id in the successor.
+        assert!(stats.backing_closed >= 1, "{stats:?}");
     });
 }
 
