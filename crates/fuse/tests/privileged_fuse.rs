@@ -464,6 +464,45 @@ fn privileged_fuse_hand_over() {
     });
 }
 
+/// A successor that refuses the state (here: more nodes than its limit)
+/// closes the socket; the old server serves on.
+#[test]
+fn privileged_fuse_failed_hand_over_serves_on() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let data = content(60, 50_000);
+        fx.store.import_bytes(&data).unwrap();
+        let image = fx.image(&[("data", &data)]);
+        let old = fx.serve(Arc::new(NoSource), Duration::from_secs(5));
+        fx.mount_overlay(&image);
+        assert_eq!(fs::read(fx.target.join("data")).unwrap(), data);
+
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let store = fx.store.clone();
+        let successor = std::thread::spawn(move || {
+            let options = ServeOptions {
+                max_nodes: 0,
+                ..ServeOptions::default()
+            };
+            take_over(store, Arc::new(NoSource), &b, options)
+        });
+        let (old, err) = old.hand_over(&a).expect_err("the successor must refuse");
+        let refused = successor
+            .join()
+            .unwrap()
+            .expect_err("more nodes than its limit");
+        assert!(refused.to_string().contains("limit"), "{refused}");
+        assert!(err.to_string().contains("did not take over"), "{err}");
+
+        // Still served, by the old server, without a restart of anything.
+        assert_eq!(fs::read(fx.target.join("data")).unwrap(), data);
+        umount_retrying(&fx.target);
+        wait_backing_closed(&old);
+        let stats = unmount_fuse(old);
+        assert_eq!(stats.reads, 0, "{stats:?}");
+    });
+}
+
 /// How the test source behaves for one object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Behaviour {
