@@ -18,6 +18,16 @@
 //! no FUSE library is used, because none speaks passthrough. The design,
 //! its invariants and its limits are in `docs/lazy-fuse.md`.
 //!
+//! Entry points: [`serve`] mounts and serves; [`FuseMount::unmount`] ends
+//! it; [`FuseMount::hand_over`] and [`take_over`] move a live connection
+//! to a successor process over a unix socket.
+//!
+//! Modules: `proto` parses requests and builds replies (pure), `dev` holds
+//! the system calls on `/dev/fuse` (and the crate's only `unsafe`, the two
+//! passthrough ioctls), `server` the tree, the node and handle tables and
+//! the dispatch, `fetch` the fetches of missing objects, `handover` the
+//! hand-over format.
+//!
 //! # Memory bound
 //!
 //! With `w` = [`ServeOptions::workers`], `f` = [`ServeOptions::max_fetches`]
