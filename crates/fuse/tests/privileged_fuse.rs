@@ -728,7 +728,7 @@ fn privileged_fuse_fetch_leaves_workers_free() {
         let source = Arc::new(TestSource::new(&[(
             &slow,
             Behaviour::Good {
-                delay: Duration::from_millis(1500),
+                delay: Duration::from_secs(3),
             },
         )]));
         // One worker: if it waited for the fetch, nothing else would be
