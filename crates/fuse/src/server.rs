@@ -206,11 +206,17 @@ impl Server {
         }
     }
 
-    pub fn reply(&self, r: Reply) {
+    /// Sends a reply; false if the kernel did not take it (the request
+    /// is gone: `ENOENT`, or the connection is).
+    pub fn reply(&self, r: Reply) -> bool {
         match dev::write(self.dev.as_fd(), &r.finish()) {
+            Ok(()) => true,
             // ENOENT: the request was interrupted and is gone.
-            Ok(()) | Err(Errno::NOENT) => {}
-            Err(e) => tracing::debug!("writing a FUSE reply: {e}"),
+            Err(Errno::NOENT) => false,
+            Err(e) => {
+                tracing::debug!("writing a FUSE reply: {e}");
+                false
+            }
         }
     }
 
@@ -497,25 +503,36 @@ impl Server {
             match nodes.nodes.get(&node) {
                 Some(n) => (n.id, n.size),
                 None if node == proto::ROOT_ID || node_fanout(node).is_some() => {
-                    return self.reply(Reply::error(unique, libc::EISDIR));
+                    self.reply(Reply::error(unique, libc::EISDIR));
+                    return;
                 }
-                None => return self.reply(Reply::error(unique, libc::ENOENT)),
+                None => {
+                    self.reply(Reply::error(unique, libc::ENOENT));
+                    return;
+                }
             }
         };
         let me = self.clone();
         self.pending_opens.fetch_add(1, Ordering::SeqCst);
         let waiter = Box::new(move |present: Result<(), String>| {
-            let reply = match present.map_err(|reason| {
-                tracing::debug!(object = %id, "open fails with EIO: {reason}");
-                libc::EIO
-            }) {
-                Ok(()) => match me.open_present(node, &id, size) {
-                    Ok((fh, flags, backing)) => Reply::ok(unique).open(fh, flags, backing),
-                    Err(e) => Reply::error(unique, e),
-                },
-                Err(e) => Reply::error(unique, e),
-            };
-            me.reply(reply);
+            let opened = present
+                .map_err(|reason| {
+                    tracing::debug!(object = %id, "open fails with EIO: {reason}");
+                    libc::EIO
+                })
+                .and_then(|()| me.open_present(node, &id, size));
+            match opened {
+                Ok((fh, flags, backing)) => {
+                    if !me.reply(Reply::ok(unique).open(fh, flags, backing)) {
+                        // The kernel will never release a handle it did
+                        // not get: undo the open (and its backing id).
+                        me.release(fh);
+                    }
+                }
+                Err(e) => {
+                    me.reply(Reply::error(unique, e));
+                }
+            }
             me.pending_opens.fetch_sub(1, Ordering::SeqCst);
         });
         self.fetcher.when_present(&id, size, waiter);
