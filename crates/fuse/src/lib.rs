@@ -34,9 +34,12 @@
 //! and `n` = [`ServeOptions::max_nodes`], the server holds at most
 //! `w × (REQUEST_BUFFER + 128 KiB)` of buffers (one request buffer and at
 //! most one READ reply per worker), `n` object nodes (about 100 bytes each,
-//! plus one open file per open handle, which the kernel's opens bound), and
-//! `f` fetch threads, each streaming into a staged file with no buffer of
-//! its own. Nothing grows with an object's size.
+//! plus one open file per open handle, which the kernel's opens bound), one
+//! flight per object being fetched (with a small waiter per open waiting
+//! for it), and `1 + f` threads beyond the workers (the deadline timer and
+//! the fetch threads, each streaming into a staged file with no buffer of
+//! its own). Nothing grows with an object's size. The constants are in
+//! [`REQUEST_BUFFER`] and `server::MAX_READ`.
 
 #![deny(unsafe_code)]
 
