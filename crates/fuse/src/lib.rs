@@ -125,6 +125,10 @@ pub struct ServeOptions {
     pub max_nodes: usize,
     /// The mount's source, as mountinfo shows it (name the image served).
     pub source_name: String,
+    /// Use passthrough where the kernel offers it (the point of this
+    /// crate). Off, every read is a READ served by cairn: for kernels or
+    /// stores where passthrough misbehaves, and for tests of that path.
+    pub passthrough: bool,
 }
 
 impl Default for ServeOptions {
@@ -135,6 +139,7 @@ impl Default for ServeOptions {
             max_fetches: 16,
             max_nodes: 1 << 20,
             source_name: "cairn".into(),
+            passthrough: true,
         }
     }
 }
@@ -397,7 +402,7 @@ pub fn serve(
         mounted: true,
     };
     // From here on, dropping `mount` detaches it again.
-    handshake(&server).map_err(|reason| FuseError::Init {
+    handshake(&server, options.passthrough).map_err(|reason| FuseError::Init {
         target: target.clone(),
         reason,
     })?;
@@ -453,7 +458,7 @@ pub fn take_over(
 
 /// Reads the kernel's INIT and answers it: passthrough with a stack depth
 /// of 1 when offered, so that overlayfs (one more level) can stack on top.
-fn handshake(server: &Server) -> Result<(), String> {
+fn handshake(server: &Server, allow_passthrough: bool) -> Result<(), String> {
     let mut buf = vec![0u8; REQUEST_BUFFER];
     let n = loop {
         match dev::read(server.dev.as_fd(), &mut buf) {
@@ -487,9 +492,13 @@ fn handshake(server: &Server) -> Result<(), String> {
         // the kernel honours it only with default_permissions, which we
         // mount with.
         | (init_flags::ALLOW_IDMAP2 as u64) << 32;
-    let passthrough = init.minor >= proto::PASSTHROUGH_MINOR && offered & passthrough_bit != 0;
+    let offered_passthrough =
+        init.minor >= proto::PASSTHROUGH_MINOR && offered & passthrough_bit != 0;
+    let passthrough = allow_passthrough && offered_passthrough;
     if passthrough {
         wanted |= passthrough_bit;
+    } else if offered_passthrough {
+        tracing::info!("passthrough turned off: every read of the lazy layer goes through cairn");
     } else {
         tracing::warn!(
             "the kernel (FUSE 7.{}) offers no passthrough: every read of the lazy layer goes through cairn",

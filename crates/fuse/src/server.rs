@@ -79,6 +79,8 @@ pub(crate) struct Server {
     pub store: Arc<Store>,
     pub fetcher: Arc<Fetcher>,
     pub passthrough: AtomicBool,
+    /// Whether a refused backing open was logged already.
+    warned_backing: AtomicBool,
     pub max_nodes: usize,
     /// How many workers serve (kept to restart them).
     pub workers: usize,
@@ -193,6 +195,7 @@ impl Server {
             store,
             fetcher,
             passthrough: AtomicBool::new(false),
+            warned_backing: AtomicBool::new(false),
             max_nodes,
             workers,
             nodes: Mutex::new(Nodes {
@@ -572,7 +575,14 @@ impl Server {
                             Some(b)
                         }
                         Err(e) => {
-                            tracing::warn!(object = %id, "FUSE passthrough refused ({e}); serving reads");
+                            // Once per server: a store on a stacked
+                            // filesystem (ELOOP) would say it every open.
+                            if !self.warned_backing.swap(true, Ordering::Relaxed) {
+                                tracing::warn!(
+                                    object = %id,
+                                    "FUSE passthrough refused ({e}); serving reads instead"
+                                );
+                            }
                             None
                         }
                     },

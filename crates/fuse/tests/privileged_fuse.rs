@@ -400,6 +400,61 @@ fn privileged_fuse_server_death_keeps_open_files() {
     });
 }
 
+/// With passthrough off, reads are served by READ, from the store's file
+/// (or a fetched one): contents right at every offset and size, counted.
+#[test]
+fn privileged_fuse_reads_without_passthrough() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let local = content(70, (1 << 20) + 12345);
+        let lazy = content(71, 99_999);
+        fx.store.import_bytes(&local).unwrap();
+        let source = Arc::new(TestSource::new(&[(
+            &lazy,
+            Behaviour::Good {
+                delay: Duration::ZERO,
+            },
+        )]));
+        let image = fx.image(&[("local", &local), ("lazy", &lazy)]);
+        let fuse = serve(
+            fx.store.clone(),
+            source,
+            &fx.lazy,
+            ServeOptions {
+                passthrough: false,
+                ..ServeOptions::default()
+            },
+        )
+        .unwrap();
+        assert!(!fuse.stats().passthrough);
+        fx.mount_overlay(&image);
+        assert!(fs::read(fx.target.join("local")).unwrap() == local);
+        assert!(fs::read(fx.target.join("lazy")).unwrap() == lazy);
+        use std::os::unix::fs::FileExt;
+        let f = fs::File::open(fx.target.join("local")).unwrap();
+        for (off, len) in [
+            (0usize, 1usize),
+            (4095, 2),
+            (500_000, 200_000),
+            (local.len() - 3, 3),
+        ] {
+            let mut buf = vec![0u8; len];
+            f.read_exact_at(&mut buf, off as u64).unwrap();
+            assert!(buf == local[off..off + len], "bytes {off}+{len}");
+        }
+        // Past the end: nothing.
+        let mut buf = [0u8; 10];
+        assert_eq!(f.read_at(&mut buf, local.len() as u64).unwrap(), 0);
+        drop(f);
+        let stats = fuse.stats();
+        assert!(stats.reads > 0, "{stats:?}");
+        assert_eq!(stats.passthrough_opens, 0, "{stats:?}");
+        assert_eq!(stats.backing_opened, 0, "{stats:?}");
+        umount_retrying(&fx.target);
+        unmount_fuse(fuse);
+    });
+}
+
 /// A successor takes the live connection over a unix socket: files open
 /// across the hand-over read on, their release reaches the successor
 /// (which closes their backing ids), and new lookups, opens and fetches are
