@@ -357,7 +357,7 @@ fn privileged_fuse_server_death_keeps_open_files() {
         fx.store.import_bytes(&one).unwrap();
         fx.store.import_bytes(&two).unwrap();
         let image = fx.image(&[("one", &one), ("two", &two)]);
-        let mut fuse = fx.serve(Arc::new(NoSource), Duration::from_secs(5));
+        let fuse = fx.serve(Arc::new(NoSource), Duration::from_secs(5));
         fx.mount_overlay(&image);
         let mut f = fs::File::open(fx.target.join("one")).unwrap();
         let mut head = vec![0u8; 1000];
@@ -392,7 +392,7 @@ fn privileged_fuse_server_death_keeps_open_files() {
         assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
 
         umount_retrying(&fx.target);
-        let stats = fuse.unmount().expect("unmounting the aborted layer");
+        let stats = unmount_fuse(fuse);
         assert_eq!(stats.reads, 0, "{stats:?}");
         if mount_ctl {
             rustix::mount::unmount(ctl, rustix::mount::UnmountFlags::empty()).unwrap();
@@ -492,7 +492,7 @@ fn privileged_fuse_hand_over() {
             take_over(store, src, &b, ServeOptions::default()).expect("taking over")
         });
         old.hand_over(&a).map_err(|(_, e)| e).expect("handing over");
-        let mut new = successor.join().unwrap();
+        let new = successor.join().unwrap();
         assert_eq!(new.path(), fx.lazy);
         assert_eq!(new.stats().live_backing_ids, 1, "the backing id moved over");
 
@@ -512,7 +512,7 @@ fn privileged_fuse_hand_over() {
 
         umount_retrying(&fx.target);
         wait_backing_closed(&new);
-        let stats = new.unmount().expect("unmounting after the hand-over");
+        let stats = unmount_fuse(new);
         // The release of the file opened before the hand-over closed the
         // old server's backing id in the successor.
         assert!(stats.backing_closed >= 1, "{stats:?}");
