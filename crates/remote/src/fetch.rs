@@ -247,6 +247,7 @@ impl RemoteObjects {
     }
 
     /// Fetches object `id` into the store (staged, checked, published).
+    /// The caller holds the store lock shared, as every writer does.
     pub fn publish(&self, store: &Store, id: &ObjectId) -> Result<u64, RemoteError> {
         let staged = self.stage(store, id)?;
         let size = staged.size();
@@ -259,7 +260,8 @@ impl RemoteObjects {
     /// of at most `coalesce` bytes (the read amplification a lazy mount
     /// wants: what sits next to a file in the tree is likely read next).
     /// Each is checked before it is published. Returns the objects
-    /// published, `id` first. A chunked object is fetched alone.
+    /// published, `id` first. A chunked object is fetched alone. The
+    /// caller holds the store lock shared, as every writer does.
     pub fn publish_with_neighbours(
         &self,
         store: &Store,
