@@ -141,6 +141,13 @@ fn push_pull_lazy_fetch_equals_a_full_pull() {
         !out.status.success() && err.contains("is incomplete"),
         "{err}"
     );
+    // An incomplete image cannot be pushed.
+    let out = cairn_out(&b, &["push", &via, &reg.reference("lazy/set:again-lazy")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("incomplete") && err.contains("cairn fetch"),
+        "{err}"
+    );
     // gc keeps an incomplete image (named) and its index.
     cairn_ok(&b, &["gc"]);
     assert!(b
@@ -565,4 +572,33 @@ fn neighbours_come_in_one_request() {
     assert_eq!(have.len(), got.len());
     drop(store);
     assert_fsck_clean(&b, "after publishing neighbours");
+}
+
+/// An image without a record (made by `cairn mkfs --store`) has no
+/// manifest to be the artifact's subject: push says so, before any
+/// network.
+#[test]
+fn push_needs_a_pulled_or_imported_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join("f"), vec![7u8; 5000]).unwrap();
+    let image = dir.path().join("t.img");
+    cairn_ok(
+        &root,
+        &[
+            "mkfs",
+            "--store",
+            tree.to_str().unwrap(),
+            image.to_str().unwrap(),
+        ],
+    );
+    cairn_ok(&root, &["tag", image.to_str().unwrap(), "local"]);
+    let out = cairn_out(&root, &["push", "local", "127.0.0.1:1/x/y:lazy"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("has no image record") && err.contains("subject"),
+        "{err}"
+    );
 }
