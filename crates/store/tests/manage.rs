@@ -721,3 +721,62 @@ fn layer_record_of_an_older_format_is_replaced() {
     assert!(!dir.join("dump").exists());
     assert_eq!(store.layer_record_objects(&diff_id(9)).unwrap().len(), 1);
 }
+
+// ------------------------------------------------------------ incomplete images
+
+/// An incomplete image (pulled with --lazy): its missing objects are not
+/// problems, its lazy index must hash to what its record says, gc keeps
+/// the objects it has and removes the index with the image.
+#[test]
+fn incomplete_images_in_fsck_and_gc() {
+    let (_dir, store) = new_store();
+    let (have, lack) = (content(1, 9_000), content(2, 7_000));
+    let digest = add_image(&store, &[("have", &have), ("lack", &lack)]);
+    // Make it incomplete: one object gone, a record with a lazy source.
+    let gone = object_of(&lack);
+    fs::remove_file(store.object_path(&gone)).unwrap();
+    let index = b"an index blob".to_vec();
+    store.write_lazy_index(&digest, &index).unwrap();
+    add_record(&store, &digest, &[]);
+    let mut record = store.image_record(&digest).unwrap().unwrap();
+    record.lazy = Some(cairn_store::LazySource {
+        registry: "127.0.0.1:5000".into(),
+        repository: "x/y".into(),
+        artifact_digest: format!("sha256:{}", "3".repeat(64)),
+        artifact_manifest: "{}".into(),
+        index_digest: format!(
+            "sha256:{}",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&index))
+        ),
+        objects: 2,
+        object_bytes: 16_000,
+    });
+    store.write_image_record(&record).unwrap();
+    store.set_ref("lazy", &digest).unwrap();
+    let report = store.fsck(&Default::default()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+
+    // gc keeps it and the object it has.
+    store.gc(&GcOptions::default()).unwrap();
+    assert!(store.has_object(&object_of(&have)));
+    assert!(store.lazy_index_path(&digest).is_file());
+
+    // A lazy index that does not match its record is a problem.
+    fs::write(store.lazy_index_path(&digest), b"something else").unwrap();
+    let report = store.fsck(&Default::default()).unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::CorruptImageRecord { reason, .. } if reason.contains("lazy index"))),
+        "{:?}",
+        report.problems
+    );
+
+    // Unnamed, gc removes the image with its record and its index.
+    store.remove_ref("lazy").unwrap();
+    store.gc(&GcOptions::default()).unwrap();
+    assert!(!store.has_image(&digest));
+    assert!(!store.lazy_index_path(&digest).exists());
+    assert!(!store.image_record_path(&digest).exists());
+}
