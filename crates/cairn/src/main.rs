@@ -37,6 +37,7 @@ static MIMALLOC_ONE_NUMA_NODE: extern "C" fn() = {
 };
 
 mod import;
+mod lazy_mount;
 #[cfg(all(target_env = "musl", target_arch = "x86_64"))]
 mod memcpy;
 mod mkfs;
@@ -138,6 +139,11 @@ struct MountArgs {
     /// Require kernel fs-verity checks of every object read (fails where the kernel lacks fs-verity).
     #[arg(long)]
     require_verity: bool,
+    /// For an image pulled with --lazy: mount it now, fetching each missing file from the registry when it is first opened (a server process serves the layer until the mount is gone). A complete image mounts as usual.
+    #[arg(long)]
+    lazy: bool,
+    #[command(flatten)]
+    client: remote_cmds::ClientArgs,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -324,20 +330,59 @@ struct MountReport {
     objects: PathBuf,
     upper: String,
     idmap: Option<String>,
+    /// The process serving an incomplete image's data layer (`--lazy`).
+    lazy_server: Option<i32>,
 }
 
 fn mount(g: &Global, args: &MountArgs) -> Result<()> {
     let store = cairn_store::Store::open(&g.root)
         .with_context(|| format!("opening the store at {}", g.root.display()))?;
+    // An incomplete image's data layer is served by a process of its own,
+    // forked now, while this one holds no lock and has one thread.
+    let lazy = if args.lazy {
+        let (digest, _) = {
+            let _lock = store.lock_shared().context("locking the store")?;
+            store_cmds::resolve_into_store(&store, &args.image)?
+        };
+        let incomplete = store
+            .image_record(&digest)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.lazy.is_some());
+        if incomplete {
+            let layer =
+                lazy_mount::LazyLayer::start(store.root(), &digest, &args.client.options())?;
+            Some((digest, layer))
+        } else {
+            tracing::info!("image {} is complete: mounted from the store", args.image);
+            None
+        }
+    } else {
+        None
+    };
     // Held until the mount is attached (and so in the mount table, where gc
     // looks for live mounts): gc cannot remove the image in between.
     let _lock = store.lock_shared().context("locking the store")?;
     // A file is checked and copied into images/, so the mount's source
     // names the store's image and gc sees what it uses.
     let (digest, _) = store_cmds::resolve_into_store(&store, &args.image)?;
-    refuse_incomplete(&store, &digest, &args.image)?;
+    let objects = match &lazy {
+        Some((lazy_digest, layer)) => {
+            if *lazy_digest != digest {
+                bail!(
+                    "image {} changed while its lazy layer was being started ({} then {digest})",
+                    args.image,
+                    lazy_digest
+                );
+            }
+            layer.path().to_path_buf()
+        }
+        None => {
+            refuse_incomplete(&store, &digest, &args.image)?;
+            store.objects_dir()
+        }
+    };
     let image = store.image_path(&digest);
-    let objects = store.objects_dir();
     let opts = cairn_mount::MountOptions {
         image: &image,
         objects: &objects,
@@ -357,10 +402,19 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
             args.mountpoint.display()
         )
     })?;
+    let lazy_server = match lazy {
+        Some((_, layer)) => {
+            let pid = layer.pid();
+            layer.attached()?;
+            Some(pid)
+        }
+        None => None,
+    };
     let report = MountReport {
         image,
         mountpoint: args.mountpoint.clone(),
         objects,
+        lazy_server,
         upper: format!("{:?}", args.upper),
         idmap: args
             .idmap
@@ -386,7 +440,8 @@ pub(crate) fn refuse_incomplete(store: &cairn_store::Store, digest: &str, arg: &
             .unwrap_or(0);
         bail!(
             "image {arg} is incomplete (pulled with --lazy): {local} of its {} objects are \
-             local; `cairn fetch {arg}` fetches the rest",
+             local; `cairn fetch {arg}` fetches the rest (or `cairn mount --lazy` fetches \
+             each file when it is first read)",
             lazy.objects
         );
     }

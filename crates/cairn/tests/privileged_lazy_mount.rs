@@ -121,3 +121,112 @@ fn privileged_fetched_lazy_image_mounts_like_a_full_pull() {
     drop(lazy);
     drop(full);
 }
+
+/// Objects in a store's `objects/`.
+fn objects_in(root: &Path) -> usize {
+    let mut n = 0;
+    for fanout in fs::read_dir(root.join("objects")).unwrap() {
+        n += fs::read_dir(fanout.unwrap().path()).unwrap().count();
+    }
+    n
+}
+
+fn process_exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[test]
+fn privileged_lazy_mount_fetches_on_first_read_and_its_server_goes_with_the_mount() {
+    require_root();
+    let reg = LocalRegistry::start();
+    ImageSet::get().push(&reg, "lazy/ondemand");
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-lazy")
+        .tempdir()
+        .unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let reference = reg.reference("lazy/ondemand:full");
+    cairn_ok(&a, &["pull", "-q", &reference]);
+    cairn_ok(
+        &a,
+        &[
+            "push",
+            "-q",
+            &reference,
+            &reg.reference("lazy/ondemand:full-lazy"),
+            "--pack-size",
+            "1M",
+        ],
+    );
+    cairn_ok(&b, &["pull", "-q", "--lazy", "--no-prefetch", &reference]);
+    let target = dir.path().join("mnt-b");
+    fs::create_dir_all(&target).unwrap();
+
+    // Without --lazy an incomplete image is refused, and says what to do.
+    let out = cairn_out(&b, &[Path::new("mount"), Path::new(&reference), &target]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted an incomplete image");
+    assert!(
+        err.contains("incomplete") && err.contains("--lazy"),
+        "{err}"
+    );
+
+    let before = objects_in(&b);
+    let full = mount(&a, &reference, &dir.path().join("mnt-a"));
+    let report = cairn_ok(
+        &b,
+        &[
+            Path::new("mount"),
+            Path::new("--json"),
+            Path::new("--lazy"),
+            Path::new(&reference),
+            &target,
+        ],
+    );
+    let lazy = Mounted {
+        root: b.clone(),
+        target: target.clone(),
+    };
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let pid = report["lazy_server"].as_i64().expect("a lazy server pid") as i32;
+    assert!(process_exists(pid));
+    // The FUSE layer is detached: only the overlay holds it.
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mountinfo.contains("fuse.cairn"), "{mountinfo}");
+
+    // Reading every file fetches what was missing, into the store; the
+    // tree is the full pull's.
+    let (ta, tb) = (tree(&full.target), tree(&lazy.target));
+    assert_eq!(ta.len(), tb.len());
+    for (path, want) in &ta {
+        let got = tb
+            .get(path)
+            .unwrap_or_else(|| panic!("{} missing", path.display()));
+        assert!(got == want, "{} differs", path.display());
+    }
+    let after = objects_in(&b);
+    assert!(
+        after > before,
+        "no object was fetched ({before} before, {after} after)"
+    );
+    // A second read is served from the store (through passthrough): the
+    // same again.
+    assert_eq!(tree(&lazy.target), tb);
+
+    // Unmounting the overlay ends the server, and nothing is left behind.
+    drop(lazy);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while process_exists(pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        !process_exists(pid),
+        "the lazy server {pid} is still running"
+    );
+    let left: Vec<_> = fs::read_dir(b.join("lazy"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in lazy/: {left:?}");
+    drop(full);
+}

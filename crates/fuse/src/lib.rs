@@ -285,6 +285,23 @@ impl FuseMount {
         Ok(self.stats())
     }
 
+    /// Detaches the mount (lazily: it stays usable by what is stacked on
+    /// it, an overlay, but is gone from the mount table and its directory
+    /// may be removed) and serves until the kernel ends the connection,
+    /// which it does when the last user is unmounted. Returns the final
+    /// counters. For a server whose only job is one overlay's data layer.
+    pub fn detach_and_serve(mut self) -> Result<Stats, FuseError> {
+        if self.mounted {
+            dev::unmount(&self.target, true).map_err(|error| FuseError::Unmount {
+                target: self.target.clone(),
+                error,
+            })?;
+            self.mounted = false;
+        }
+        self.workers.join();
+        Ok(self.stats())
+    }
+
     /// Hands the connection, the mountpoint and the server's state to a
     /// successor ([`take_over`]) over `sock`, and stops serving once the
     /// successor has said it serves. The mount stays as it is: nothing in

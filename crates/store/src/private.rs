@@ -47,8 +47,9 @@ pub const PRIVATE_FILE_MODE: u32 = 0o600;
 
 /// The directories below the root that must be private, besides the root:
 /// the layout every store has, and what `cairn run` keeps in the store
-/// (container data, on-demand listeners) once made.
-pub const PRIVATE_DIRS: [&str; 7] = [
+/// (container data, on-demand listeners) and `cairn mount --lazy` (its
+/// servers' mountpoints and logs) once made.
+pub const PRIVATE_DIRS: [&str; 8] = [
     "objects",
     "images",
     "layers",
@@ -56,6 +57,7 @@ pub const PRIVATE_DIRS: [&str; 7] = [
     "tmp",
     "containers",
     "listeners",
+    "lazy",
 ];
 
 /// The mode bits that let anyone but the owner in.
