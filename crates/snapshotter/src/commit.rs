@@ -74,21 +74,24 @@ pub fn upper_to_layer(tree: &mut Tree) -> Result<(), CommitError> {
                     .collect()
             })
             .unwrap_or_default();
-        let mut renamed = Vec::new();
+        let mut whiteouts = Vec::new();
         for (name, ino, hardlink) in &entries {
             let inode = tree.inode(*ino);
-            if inode.is_dir() {
+            if inode.is_dir() && !*hardlink {
                 dirs.push(*ino);
-            } else if inode.is_whiteout() && !*hardlink {
-                renamed.push((name.clone(), *ino));
+            } else if inode.is_whiteout() {
+                whiteouts.push(name.clone());
             }
         }
-        for (name, ino) in renamed {
+        // overlayfs makes its whiteouts hard links of one shared inode:
+        // each becomes a marker of its own.
+        for name in whiteouts {
             if let cairn_erofs::InodeData::Directory(e) = &mut tree.inode_mut(dir).data {
                 e.remove(&name);
             }
             let mut wh = WHITEOUT_PREFIX.to_vec();
             wh.extend_from_slice(&name);
+            let ino = tree.push(Inode::new(libc::S_IFCHR).expect("a valid mode"));
             tree.add_child(dir, &wh, ino, false)
                 .map_err(|e| CommitError::Tree(format!("whiteout of {:?}: {e}", lossy(&name))))?;
         }
@@ -209,6 +212,8 @@ mod tests {
         t.add_child(ROOT, b"d", d, false).unwrap();
         let w = t.push(Inode::new(libc::S_IFCHR).unwrap());
         t.add_child(ROOT, b"gone", w, false).unwrap();
+        t.inode_mut(w).nlink = 2;
+        t.add_child(d, b"gone2", w, true).unwrap();
         let f = t.push(Inode::new(libc::S_IFREG | 0o644).unwrap());
         t.inode_mut(f)
             .xattrs
@@ -218,6 +223,10 @@ mod tests {
         assert!(t.lookup(b"gone").is_none());
         assert!(t.inode(t.lookup(b".wh.gone").unwrap()).is_whiteout());
         assert!(t.lookup(b"d/.wh..wh..opq").is_some());
+        let w2 = t.lookup(b"d/.wh.gone2").unwrap();
+        assert!(t.inode(w2).is_whiteout());
+        assert_eq!(t.inode(w2).nlink, 1);
+        assert!(t.lookup(b"d/gone2").is_none());
         assert!(t.lookup(b"d/f").is_some());
         let keys: Vec<_> = t.inode(d).xattrs.keys().cloned().collect();
         assert_eq!(keys, vec![b"user.keep".to_vec()]);

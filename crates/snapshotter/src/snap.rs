@@ -417,7 +417,7 @@ impl Snapshotter {
             .find(|c| c.parent.as_deref() == Some(key))
         {
             return Err(SnapError::FailedPrecondition(format!(
-                "snapshot {key:?} has children (e.g. {:?})",
+                "cannot remove snapshot {key:?}: it has children (e.g. {:?})",
                 child.key
             )));
         }
