@@ -43,12 +43,12 @@ pub enum CommitError {
     #[error("scanning {path}: {source}")]
     Scan {
         path: String,
-        source: cairn_image::ScanError,
+        source: Box<cairn_image::ScanError>,
     },
     #[error("{0}")]
     Tree(String),
     #[error("importing the layer: {0}")]
-    Layer(#[from] cairn_image::LayerError),
+    Layer(Box<cairn_image::LayerError>),
     #[error("{what}: {source}")]
     Store {
         what: &'static str,
@@ -128,7 +128,7 @@ pub fn commit_dir(
     };
     let (mut tree, _) = scan_dir(dir, &scan).map_err(|source| CommitError::Scan {
         path: dir.display().to_string(),
-        source,
+        source: Box::new(source),
     })?;
     upper_to_layer(&mut tree)?;
     let (reader, mut writer) = io::pipe().map_err(|e| CommitError::Tree(format!("pipe: {e}")))?;
@@ -150,7 +150,7 @@ pub fn commit_dir(
         let written = w.join().expect("the tar writer does not panic");
         match (info, written) {
             (Ok(i), Ok(_)) => Ok(i),
-            (Err(e), _) => Err(CommitError::Layer(e)),
+            (Err(e), _) => Err(CommitError::Layer(Box::new(e))),
             (Ok(_), Err(e)) => Err(CommitError::Tree(format!("writing the layer's tar: {e}"))),
         }
     })?;
@@ -192,7 +192,8 @@ pub fn assemble_chain(store: &Store, chain: &[String]) -> Result<String, CommitE
         "layers": layers,
     }))
     .expect("JSON values serialise");
-    let img = assemble_image_from(store, &manifest, &config, None, Some("cairn snapshotter"))?;
+    let img = assemble_image_from(store, &manifest, &config, None, Some("cairn snapshotter"))
+        .map_err(|e| CommitError::Layer(Box::new(e)))?;
     Ok(img.image_digest)
 }
 

@@ -87,13 +87,11 @@ impl Snapshotter {
             ))
         })?;
         let meta = Meta::open(&dir)?;
-        for sub in ["chains"] {
-            let p = dir.join(sub);
-            match fs::DirBuilder::new().mode(0o700).create(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(internal(p.display())(e)),
-            }
+        let chains = dir.join("chains");
+        match fs::DirBuilder::new().mode(0o700).create(&chains) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(internal(chains.display())(e)),
         }
         Ok(Snapshotter {
             store,
