@@ -506,6 +506,26 @@ fn privileged_snapshotter_ctr_pull_and_run() {
         d.is_empty(),
         "the snapshotter's tree differs from cairn pull's: {d:#?}"
     );
+
+    // cairn's gc keeps what the snapshotter's committed snapshots need
+    // (their refs) once the image cairn pulled is gone, and a container
+    // still starts from them.
+    cairn_ok_at(&store, &["rm", &reference]);
+    cairn_ok_at(&store, &["gc"]);
+    let again = ds.ctr(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "cairn",
+        &reference,
+        "run-after-gc",
+        "/busybox/busybox",
+        "sh",
+        "-c",
+        &format!("export PATH=/busybox; /busybox/busybox --install -s /busybox; {SCRIPT}"),
+    ]);
+    assert_eq!(again, outputs[1], "after cairn gc");
+    cairn_ok_at(&store, &["fsck"]);
 }
 
 fn cairn_ok_at(store: &Path, args: &[&str]) {
