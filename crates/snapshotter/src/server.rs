@@ -156,9 +156,16 @@ fn mounts(s: Shared, r: proto::MountsRequest) -> BoxFuture<Result<proto::MountsR
 }
 
 fn commit(s: Shared, r: proto::CommitSnapshotRequest) -> BoxFuture<Result<(), Status>> {
-    Box::pin(
-        async move { blocking(s, "Commit", move |s| s.commit(&r.name, &r.key, r.labels)).await },
-    )
+    Box::pin(async move {
+        let r =
+            tokio::task::spawn_blocking(move || crate::snap::commit(&s, &r.name, &r.key, r.labels))
+                .await
+                .map_err(|e| Status::internal(format!("Commit: {e}")))?;
+        if let Err(e) = &r {
+            tracing::debug!("Commit: {e}");
+        }
+        Ok(r?)
+    })
 }
 
 fn remove(s: Shared, r: proto::KeyRequest) -> BoxFuture<Result<(), Status>> {

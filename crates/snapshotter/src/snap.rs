@@ -9,12 +9,13 @@ use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use cairn_mount::{mount_image, MountOptions, UpperSpec, VerityMode};
 use cairn_store::Store;
 use rustix::fs::{flock, FlockOperation};
 
-use crate::commit::commit_dir;
+use crate::commit::{commit_dir, Committed};
 use crate::meta::{Kind, Layer, Meta, MetaError, Record, Time, RECORD_FORMAT};
 use crate::proto;
 
@@ -47,7 +48,11 @@ fn internal(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> SnapError
 pub const REF_PREFIX: &str = "containerd-snapshot-";
 
 pub struct Snapshotter {
-    store: Store,
+    store: Arc<Store>,
+    /// Active snapshots being committed (key → id), and the names they
+    /// will take: the import runs without the snapshotter's lock.
+    committing: HashMap<String, u64>,
+    reserved: HashSet<String>,
     meta: Meta,
     dir: PathBuf,
     /// Held (flock, exclusive) for the snapshotter's life.
@@ -94,7 +99,9 @@ impl Snapshotter {
             Err(e) => return Err(internal(chains.display())(e)),
         }
         Ok(Snapshotter {
-            store,
+            store: Arc::new(store),
+            committing: HashMap::new(),
+            reserved: HashSet::new(),
             meta,
             dir,
             _lock: lock,
@@ -127,7 +134,7 @@ impl Snapshotter {
         if key.is_empty() {
             return Err(SnapError::InvalidArgument("empty snapshot key".into()));
         }
-        if self.meta.get(key).is_some() {
+        if self.meta.get(key).is_some() || self.reserved.contains(key) {
             return Err(SnapError::AlreadyExists(key.to_owned()));
         }
         let parent_image = if parent.is_empty() {
@@ -304,12 +311,14 @@ impl Snapshotter {
         let _ = fs::remove_dir(&target);
     }
 
-    pub fn commit(
+    /// Checks a Commit and reserves its key and name; the import itself
+    /// ([`CommitPlan::run`]) runs without the snapshotter's lock.
+    pub fn begin_commit(
         &mut self,
         name: &str,
         key: &str,
         labels: HashMap<String, String>,
-    ) -> Result<(), SnapError> {
+    ) -> Result<CommitPlan, SnapError> {
         if name.is_empty() {
             return Err(SnapError::InvalidArgument("empty snapshot name".into()));
         }
@@ -318,12 +327,17 @@ impl Snapshotter {
             .get(key)
             .ok_or_else(|| SnapError::NotFound(key.to_owned()))?
             .clone();
-        if r.kind != Kind::Active {
+        if r.kind != Kind::Active || self.committing.contains_key(key) {
             return Err(SnapError::FailedPrecondition(format!(
-                "snapshot {key:?} is not active"
+                "snapshot {key:?} is not active{}",
+                if self.committing.contains_key(key) {
+                    " (it is being committed)"
+                } else {
+                    ""
+                }
             )));
         }
-        if self.meta.get(name).is_some() {
+        if self.meta.get(name).is_some() || self.reserved.contains(name) {
             return Err(SnapError::AlreadyExists(name.to_owned()));
         }
         let parent_chain = match &r.parent {
@@ -335,50 +349,73 @@ impl Snapshotter {
                 .ok_or_else(|| SnapError::Internal(format!("parent {p:?} of {key:?} is gone")))?,
             None => Vec::new(),
         };
-        let sdir = self.snap_dir(r.id);
-        let ref_name = format!("{REF_PREFIX}{}", r.id);
-        {
-            // From the first object to the ref: gc must not run between.
-            let _lock = self
-                .store
-                .lock_shared()
-                .map_err(|e| SnapError::Internal(format!("locking the store: {e}")))?;
-            let c = commit_dir(&self.store, &sdir.join("fs"), &parent_chain)
-                .map_err(|e| SnapError::Internal(format!("committing {key:?}: {e}")))?;
-            self.store
-                .set_ref(&ref_name, &c.image)
-                .map_err(|e| SnapError::Internal(format!("ref {ref_name}: {e}")))?;
-            let mut chain = parent_chain;
-            chain.push(c.layer.diff_id.clone());
-            let mut all_labels = r.labels.clone();
-            all_labels.extend(labels);
-            let now = Time::now();
-            let rec = Record {
-                format: RECORD_FORMAT,
-                id: r.id,
-                key: name.to_owned(),
-                kind: Kind::Committed,
-                parent: r.parent.clone(),
-                parent_image: None,
-                labels: all_labels,
-                created: now,
-                updated: now,
-                layer: Some(Layer {
-                    diff_id: c.layer.diff_id.clone(),
-                    chain,
-                    image: c.image.clone(),
-                    ref_name,
-                    size: c.layer.size,
-                    entries: c.layer.entries,
-                }),
-            };
-            self.meta.put(rec, Some(key))?;
-        }
-        self.remove_dir(&sdir);
+        self.committing.insert(key.to_owned(), r.id);
+        self.reserved.insert(name.to_owned());
+        Ok(CommitPlan {
+            store: self.store.clone(),
+            fs: self.snap_dir(r.id).join("fs"),
+            ref_name: format!("{REF_PREFIX}{}", r.id),
+            name: name.to_owned(),
+            key: key.to_owned(),
+            labels,
+            record: r,
+            parent_chain,
+        })
+    }
+
+    /// Records the outcome of a commit begun with [`Self::begin_commit`].
+    pub fn finish_commit(
+        &mut self,
+        plan: CommitPlan,
+        done: Result<Committed, SnapError>,
+    ) -> Result<(), SnapError> {
+        self.committing.remove(&plan.key);
+        self.reserved.remove(&plan.name);
+        let c = done?;
+        let r = plan.record;
+        let mut chain = plan.parent_chain;
+        chain.push(c.layer.diff_id.clone());
+        let mut all_labels = r.labels.clone();
+        all_labels.extend(plan.labels);
+        let now = Time::now();
+        let rec = Record {
+            format: RECORD_FORMAT,
+            id: r.id,
+            key: plan.name,
+            kind: Kind::Committed,
+            parent: r.parent.clone(),
+            parent_image: None,
+            labels: all_labels,
+            created: now,
+            updated: now,
+            layer: Some(Layer {
+                diff_id: c.layer.diff_id.clone(),
+                chain,
+                image: c.image.clone(),
+                ref_name: plan.ref_name,
+                size: c.layer.size,
+                entries: c.layer.entries,
+            }),
+        };
+        self.meta.put(rec, Some(&plan.key))?;
+        self.remove_dir(&self.snap_dir(r.id));
         if let Some(img) = &r.parent_image {
             self.release_chain(img);
         }
         Ok(())
+    }
+
+    /// Commit with the snapshotter locked throughout (tests; the server
+    /// uses [`commit`], which imports without the lock).
+    pub fn commit(
+        &mut self,
+        name: &str,
+        key: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<(), SnapError> {
+        let plan = self.begin_commit(name, key, labels)?;
+        let done = plan.run();
+        self.finish_commit(plan, done)
     }
 
     /// Removes a snapshot directory: renamed out of the way first, so a
@@ -409,6 +446,11 @@ impl Snapshotter {
             .get(key)
             .ok_or_else(|| SnapError::NotFound(key.to_owned()))?
             .clone();
+        if self.committing.contains_key(key) {
+            return Err(SnapError::FailedPrecondition(format!(
+                "cannot remove snapshot {key:?}: it is being committed"
+            )));
+        }
         if let Some(child) = self
             .meta
             .records()
@@ -521,6 +563,11 @@ impl Snapshotter {
             .meta
             .records()
             .filter_map(|r| r.layer.as_ref().map(|l| l.ref_name.clone()))
+            .chain(
+                self.committing
+                    .values()
+                    .map(|id| format!("{REF_PREFIX}{id}")),
+            )
             .collect();
         let refs = self
             .store
@@ -601,4 +648,137 @@ fn disk_usage(root: &Path) -> io::Result<Usage> {
         }
     }
     Ok(u)
+}
+
+/// A commit's import, prepared by [`Snapshotter::begin_commit`].
+pub struct CommitPlan {
+    store: Arc<Store>,
+    fs: PathBuf,
+    ref_name: String,
+    name: String,
+    key: String,
+    labels: HashMap<String, String>,
+    record: Record,
+    parent_chain: Vec<String>,
+}
+
+impl CommitPlan {
+    /// Imports the snapshot's directory as a layer, assembles the chain
+    /// image and points the snapshot's ref at it, under the store's shared
+    /// lock from the first object to the ref (gc waits).
+    pub fn run(&self) -> Result<Committed, SnapError> {
+        let _lock = self
+            .store
+            .lock_shared()
+            .map_err(|e| SnapError::Internal(format!("locking the store: {e}")))?;
+        let c = commit_dir(&self.store, &self.fs, &self.parent_chain)
+            .map_err(|e| SnapError::Internal(format!("committing {:?}: {e}", self.key)))?;
+        self.store
+            .set_ref(&self.ref_name, &c.image)
+            .map_err(|e| SnapError::Internal(format!("ref {}: {e}", self.ref_name)))?;
+        Ok(c)
+    }
+}
+
+/// Commit as the server runs it: checked and recorded with the
+/// snapshotter locked, imported without the lock, so that other calls
+/// (another image's commit included) go on meanwhile.
+pub fn commit(
+    s: &Mutex<Snapshotter>,
+    name: &str,
+    key: &str,
+    labels: HashMap<String, String>,
+) -> Result<(), SnapError> {
+    let lock = || s.lock().unwrap_or_else(|p| p.into_inner());
+    let plan = lock().begin_commit(name, key, labels)?;
+    let done = plan.run();
+    lock().finish_commit(plan, done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parts of the protocol that need no mount: a parentless
+    /// snapshot, its commit into the store, and the error kinds.
+    #[test]
+    fn parentless_commit_and_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Snapshotter::open(d.path()).unwrap();
+        assert!(matches!(
+            Snapshotter::open(d.path()),
+            Err(SnapError::Internal(m)) if m.contains("another snapshotter")
+        ));
+        let m = s.prepare("a", "", HashMap::new()).unwrap();
+        assert_eq!(m[0].r#type, "bind");
+        assert!(matches!(
+            s.prepare("a", "", HashMap::new()),
+            Err(SnapError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            s.prepare("b", "nope", HashMap::new()),
+            Err(SnapError::NotFound(_))
+        ));
+        assert!(matches!(
+            s.prepare("b", "a", HashMap::new()),
+            Err(SnapError::InvalidArgument(_))
+        ));
+        let fs_dir = PathBuf::from(&m[0].source);
+        fs::write(fs_dir.join("hello"), vec![b'x'; 4096]).unwrap();
+        fs::create_dir(fs_dir.join("etc")).unwrap();
+        fs::write(fs_dir.join("etc/small"), b"hi\n").unwrap();
+        let u = s.usage("a").unwrap();
+        assert!(u.inodes >= 4 && u.size >= 4096, "{u:?}");
+        assert!(matches!(
+            s.commit("c", "nope", HashMap::new()),
+            Err(SnapError::NotFound(_))
+        ));
+        s.commit("c", "a", HashMap::from([("l".into(), "1".into())]))
+            .unwrap();
+        assert!(matches!(s.info("a"), Err(SnapError::NotFound(_))));
+        let info = s.info("c").unwrap();
+        assert_eq!(info.kind, proto::Kind::Committed as i32);
+        assert_eq!(info.labels["l"], "1");
+        assert!(!fs_dir.exists());
+        assert!(matches!(
+            s.mounts("c"),
+            Err(SnapError::FailedPrecondition(_))
+        ));
+        assert!(matches!(
+            s.commit("c2", "c", HashMap::new()),
+            Err(SnapError::FailedPrecondition(_))
+        ));
+        let rec = s.meta.get("c").unwrap().clone();
+        let layer = rec.layer.unwrap();
+        assert_eq!(layer.chain, vec![layer.diff_id.clone()]);
+        assert!(s.store.has_image(&layer.image));
+        assert_eq!(
+            s.store.get_ref(&layer.ref_name).unwrap().as_deref(),
+            Some(layer.image.as_str())
+        );
+        assert_eq!(s.usage("c").unwrap().inodes, layer.entries as i64);
+        // Labels: one, then all.
+        let mut i = s.info("c").unwrap();
+        i.labels = HashMap::from([("m".into(), "2".into())]);
+        let got = s.update(i.clone(), &["labels.m".into()]).unwrap();
+        assert_eq!(got.labels.len(), 2);
+        let got = s.update(i.clone(), &[]).unwrap();
+        assert_eq!(got.labels.len(), 1);
+        assert!(matches!(
+            s.update(i, &["parent".into()]),
+            Err(SnapError::InvalidArgument(_))
+        ));
+        assert_eq!(s.list().len(), 1);
+        // Survives a restart.
+        drop(s);
+        let mut s = Snapshotter::open(d.path()).unwrap();
+        assert_eq!(s.info("c").unwrap().labels["m"], "2");
+        // Cleanup removes a directory no record names; Remove the ref.
+        fs::create_dir_all(d.path().join("snapshots/999/fs")).unwrap();
+        s.cleanup().unwrap();
+        assert!(!d.path().join("snapshots/999").exists());
+        s.remove("c").unwrap();
+        assert!(s.store.get_ref(&layer.ref_name).unwrap().is_none());
+        assert!(matches!(s.remove("c"), Err(SnapError::NotFound(_))));
+    }
 }
