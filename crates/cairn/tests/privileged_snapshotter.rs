@@ -526,6 +526,28 @@ fn privileged_snapshotter_ctr_pull_and_run() {
     ]);
     assert_eq!(again, outputs[1], "after cairn gc");
     cairn_ok_at(&store, &["fsck"]);
+
+    // Every container and view is gone: once containerd's own gc has
+    // removed their snapshots, no chain image is mounted any more.
+    let chains = format!("{}/", store.join("snapshots/chains").display());
+    let chain_mounts = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&chains))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !chain_mounts().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        chain_mounts(),
+        Vec::<String>::new(),
+        "chain images left mounted"
+    );
 }
 
 fn cairn_ok_at(store: &Path, args: &[&str]) {
