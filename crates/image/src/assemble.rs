@@ -143,21 +143,21 @@ pub fn build_image_tree(store: &Store, diff_ids: &[String]) -> Result<Tree, Laye
 /// the tree names is in the store.
 pub(crate) fn check_objects(store: &Store, tree: &Tree) -> Result<u64, LayerError> {
     let mut content = 0u64;
-    let mut lookup = store.object_lookup();
+    let mut ids = Vec::new();
     for inode in &tree.inodes {
         let InodeData::Regular(r) = &inode.data else {
             continue;
         };
         content = content.saturating_add(inode.size);
         if let Some(d) = r.digest {
-            let id = ObjectId(d);
-            if !lookup.has(&id) {
-                return Err(image_err(
-                    "layers",
-                    format!("object {id} is missing from the store (re-import the layer)"),
-                ));
-            }
+            ids.push(ObjectId(d));
         }
+    }
+    if let Some(id) = store.object_lookup().first_missing(&ids) {
+        return Err(image_err(
+            "layers",
+            format!("object {id} is missing from the store (re-import the layer)"),
+        ));
     }
     Ok(content)
 }

@@ -494,6 +494,104 @@ impl ObjectLookup<'_> {
             .map(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
             .unwrap_or(false)
     }
+
+    /// The first of `ids` (in fan-out order) that is not in the store, if
+    /// any. Many ids in one fan-out directory are checked against one
+    /// listing of it rather than a lookup each: a fresh Linux-tree image
+    /// names 78,600 objects, ~300 per directory, and 78,600 `statat`s
+    /// took 0.4-1.9 s where reading the 256 directories takes a few
+    /// hundredths. A directory is listed only when the ids to check are at
+    /// least a sixteenth of its (estimated) entries, so that a few ids in a
+    /// large store still cost a lookup each.
+    pub fn first_missing(&mut self, ids: &[ObjectId]) -> Option<ObjectId> {
+        self.first_missing_by(ids, None)
+    }
+
+    /// [`first_missing`](Self::first_missing), listing every directory
+    /// (`Some(true)`), looking every id up (`Some(false)`) or choosing.
+    pub(crate) fn first_missing_by(
+        &mut self,
+        ids: &[ObjectId],
+        listing: Option<bool>,
+    ) -> Option<ObjectId> {
+        let mut ids = ids.to_vec();
+        ids.sort_unstable_by_key(|id| id.0);
+        ids.dedup();
+        for group in ids.chunk_by(|a, b| a.0[0] == b.0[0]) {
+            if let Some(missing) = self.first_missing_in_fanout(group, listing) {
+                return Some(missing);
+            }
+        }
+        None
+    }
+
+    /// [`first_missing_by`](Self::first_missing_by) for ids of one fan-out.
+    fn first_missing_in_fanout(
+        &mut self,
+        group: &[ObjectId],
+        listing: Option<bool>,
+    ) -> Option<ObjectId> {
+        let b = group[0].0[0];
+        let path = self.store.objects_dir().join(format!("{b:02x}"));
+        let listing = listing.unwrap_or_else(|| {
+            // An ext4 entry with a 62-character name takes 72 bytes; blocks
+            // are rarely full, so this overestimates the entries a little.
+            let entries_estimate = fs::symlink_metadata(&path).map_or(0, |m| m.len() / 64);
+            (group.len() as u64).saturating_mul(16) >= entries_estimate
+        });
+        if !listing {
+            return group.iter().find(|id| !self.has(id)).copied();
+        }
+        let Ok(listing) = fs::read_dir(&path) else {
+            return Some(group[0]);
+        };
+        let mut regular = std::collections::HashSet::new();
+        let mut unknown = std::collections::HashSet::new();
+        for entry in listing {
+            let Ok(entry) = entry else {
+                // A listing that fails part-way proves nothing: look up.
+                return group.iter().find(|id| !self.has(id)).copied();
+            };
+            let name = entry.file_name();
+            let Some(rest) = name.to_str().and_then(hex_tail) else {
+                continue;
+            };
+            // From d_type, without a stat (std looks with lstat where the
+            // filesystem leaves d_type unknown); if that fails, the lookup
+            // decides.
+            match entry.file_type() {
+                Ok(t) if t.is_file() => {
+                    regular.insert(rest);
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    unknown.insert(rest);
+                }
+            }
+        }
+        for id in group {
+            let mut tail = [0u8; 31];
+            tail.copy_from_slice(&id.0[1..]);
+            if regular.contains(&tail) {
+                continue;
+            }
+            if unknown.contains(&tail) && self.has(id) {
+                continue;
+            }
+            return Some(*id);
+        }
+        None
+    }
+}
+
+/// The 31 bytes a fan-out entry's name (62 lowercase hex digits) stands for.
+fn hex_tail(name: &str) -> Option<[u8; 31]> {
+    if name.len() != 62 || !name.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    let mut out = [0u8; 31];
+    hex::decode_to_slice(name, &mut out).ok()?;
+    Some(out)
 }
 
 /// Imports that become visible together (see [`Store::object_batch`]).

@@ -351,6 +351,10 @@ impl ObjectStager {
 /// The mode of an object file.
 const OBJECT_MODE: u32 = 0o644;
 
+/// More changed fan-out directories than this are made durable by one
+/// `syncfs` rather than an fsync each.
+pub const SYNCFS_DIRS: usize = 8;
+
 /// The process's umask, as `/proc/self/status` says (read once; cairn
 /// never changes it), or `None` if it cannot be read. `umask(2)` cannot
 /// read it without setting it, which races with other threads.
@@ -615,8 +619,9 @@ impl Store {
 
     /// Publishes staged objects: one `syncfs` for all of them (rather than
     /// an fsync each), fs-verity where the kernel has it, then a rename
-    /// each (never replacing) and an fsync of each fan-out directory that
-    /// changed.
+    /// each (never replacing) and a sync of the fan-out directories that
+    /// changed (an fsync each, or one more `syncfs` when more than
+    /// [`SYNCFS_DIRS`] changed).
     pub fn publish_staged(
         &self,
         objects: impl IntoIterator<Item = StagedObject>,
@@ -674,6 +679,12 @@ impl Store {
             by_fanout[id.0[0] as usize].push((id, tmp));
         }
         let mut created = 0;
+        // The fan-out directories that got new entries and still need a
+        // sync: few are synced one by one; past SYNCFS_DIRS, one `syncfs`
+        // after the last rename does for all of them (a Linux-tree layer
+        // touches all 256: 256 directory fsyncs took ~1 s, each a
+        // synchronous write and cache flush of its own).
+        let mut changed: Vec<(File, PathBuf)> = Vec::new();
         for (b, objs) in by_fanout.into_iter().enumerate() {
             if objs.is_empty() {
                 continue;
@@ -693,6 +704,15 @@ impl Store {
                 }
             }
             if created > before {
+                changed.push((dir, fanout));
+            }
+        }
+        if changed.len() > SYNCFS_DIRS {
+            let objects = self.objects_dir();
+            rustix::fs::syncfs(&changed[0].0)
+                .map_err(|e| StoreError::io("syncing", &objects, &self.root, e.into()))?;
+        } else {
+            for (dir, fanout) in changed {
                 dir.sync_all()
                     .map_err(|e| StoreError::io("syncing directory", &fanout, &self.root, e))?;
             }

@@ -120,6 +120,64 @@ fn object_lookup_agrees_with_has_object() {
 }
 
 #[test]
+fn first_missing_agrees_with_has_by_listing_and_by_lookup() {
+    let (_dir, store) = new_store();
+    let present: Vec<ObjectId> = (0..300u32)
+        .map(|i| {
+            store
+                .import_bytes(format!("object {i}").as_bytes())
+                .unwrap()
+        })
+        .collect();
+    let mut twice = present.clone();
+    twice.extend_from_slice(&present);
+    let mut sibling = present[7];
+    sibling.0[31] ^= 1;
+    let mut dir_id = present[9];
+    dir_id.0[30] ^= 1;
+    fs::create_dir(store.object_path(&dir_id)).unwrap();
+    // A name in a fan-out directory that is not an object's is ignored.
+    let stray = store.objects_dir().join(format!("{:02x}", present[3].0[0]));
+    fs::write(stray.join("not-an-object"), b"x").unwrap();
+    // A fan-out directory that does not exist.
+    let mut nowhere = present[0];
+    nowhere.0[0] = 0;
+    for id in present.iter().filter(|p| p.0[0] == 0) {
+        fs::remove_file(store.object_path(id)).unwrap();
+    }
+    let there: Vec<ObjectId> = present.iter().filter(|p| p.0[0] != 0).copied().collect();
+    for listing in [Some(true), Some(false), None] {
+        let mut lookup = store.object_lookup();
+        assert_eq!(
+            lookup.first_missing_by(&there, listing),
+            None,
+            "{listing:?}"
+        );
+        let mut with_twice = there.clone();
+        with_twice.extend_from_slice(&there);
+        assert_eq!(lookup.first_missing_by(&with_twice, listing), None);
+        for absent in [sibling, dir_id, nowhere] {
+            assert!(!store.has_object(&absent), "{absent}");
+            let mut ids = there.clone();
+            ids.insert(ids.len() / 2, absent);
+            assert_eq!(
+                lookup.first_missing_by(&ids, listing),
+                Some(absent),
+                "{listing:?}"
+            );
+            assert_eq!(lookup.first_missing_by(&[absent], listing), Some(absent));
+        }
+    }
+    // The objects removed from fan-out 00 are missing, the smallest first.
+    let removed = present
+        .iter()
+        .filter(|p| p.0[0] == 0)
+        .min_by_key(|p| p.0)
+        .copied();
+    assert_eq!(store.object_lookup().first_missing(&twice), removed);
+}
+
+#[test]
 fn importing_existing_content_writes_nothing() {
     let (dir, store) = new_store();
     let id = store.import_bytes(b"same").unwrap();

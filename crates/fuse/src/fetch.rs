@@ -1,0 +1,398 @@
+//! Fetching missing objects: one fetch in flight per object, a bounded
+//! number of fetches at once, a deadline for every open that waits, no
+//! worker thread blocked on a source, and nothing published that does not
+//! hash to the object's name.
+//!
+//! An open of a missing object does not wait: it leaves a *waiter* (the
+//! rest of the open, which sends the reply) on the object's *flight*, or
+//! starts one, and its worker goes back to reading requests. A flight
+//!
+//! 1. waits in a queue for one of `max_fetches` slots;
+//! 2. runs on a fetch thread of its own: takes the store lock shared (so
+//!    garbage collection cannot run between publication and use), stages
+//!    what the source writes with [`Store::stage_object`] (never more than
+//!    the size the object was looked up with), hashing as it goes, and
+//!    publishes with [`Store::publish_staged`] only if the fs-verity digest
+//!    is the object's id;
+//! 3. completes: it leaves the table, then its waiters run, each with the
+//!    outcome.
+//!
+//! One timer thread watches the deadlines (a flight's is set when it
+//! starts: `fetch_timeout` later). A flight past it is *abandoned*: it
+//! leaves the table (so the next open starts a new one), its waiters run
+//! with an error (the open fails with `EIO`), and its writer refuses
+//! further bytes, so a source that still writes stops at its next write. A
+//! source that blocks without writing keeps its thread and its slot until
+//! it returns: such threads can never be more than `max_fetches`.
+//!
+//! Threads: one timer and at most `max_fetches` fetch threads. Memory: one
+//! flight (about 100 bytes, plus one boxed waiter per waiting open) per
+//! object being fetched; the data goes to disk, never into a buffer here.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use cairn_store::{ObjectId, ObjectStager, Store};
+
+use crate::{FetchError, ObjectSource};
+
+/// The rest of an open, run once with the flight's outcome (`Err` holds the
+/// reason, already logged).
+pub(crate) type Waiter = Box<dyn FnOnce(Result<(), String>) + Send>;
+
+struct Flight {
+    id: ObjectId,
+    size: u64,
+    deadline: Instant,
+    abandoned: AtomicBool,
+    /// `None` once completed: the waiters have run.
+    waiters: Mutex<Option<Vec<Waiter>>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The flight of each object being fetched (queued or running).
+    inflight: HashMap<ObjectId, Arc<Flight>>,
+    /// Flights waiting for a slot, oldest first.
+    queue: VecDeque<Arc<Flight>>,
+    /// Fetch threads alive, abandoned ones still in the source included.
+    running: usize,
+    stop: bool,
+}
+
+/// Counters, read by [`crate::Stats`].
+#[derive(Debug, Default)]
+pub(crate) struct FetchCounters {
+    pub started: AtomicU64,
+    pub published: AtomicU64,
+    pub failed: AtomicU64,
+    pub timed_out: AtomicU64,
+}
+
+/// The fetches of one server.
+pub(crate) struct Fetcher {
+    store: Arc<Store>,
+    source: Arc<dyn ObjectSource>,
+    timeout: Duration,
+    max_fetches: usize,
+    state: Mutex<State>,
+    /// Wakes the timer: a new deadline, or stop.
+    timer_wake: Condvar,
+    pub counters: FetchCounters,
+}
+
+impl Fetcher {
+    /// A fetcher and its timer thread (which holds only a weak reference
+    /// and stops at [`shutdown`](Self::shutdown) or when the fetcher goes).
+    pub fn start(
+        store: Arc<Store>,
+        source: Arc<dyn ObjectSource>,
+        timeout: Duration,
+        max_fetches: usize,
+    ) -> io::Result<Arc<Fetcher>> {
+        let f = Arc::new(Fetcher {
+            store,
+            source,
+            timeout,
+            max_fetches: max_fetches.max(1),
+            state: Mutex::new(State::default()),
+            timer_wake: Condvar::new(),
+            counters: FetchCounters::default(),
+        });
+        let weak = Arc::downgrade(&f);
+        std::thread::Builder::new()
+            .name("cairn-fetch-timer".into())
+            .spawn(move || timer(weak))?;
+        Ok(f)
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub fn source(&self) -> &dyn ObjectSource {
+        &*self.source
+    }
+
+    /// Stops the timer; flights still running complete on their own.
+    pub fn shutdown(&self) {
+        self.state.lock().expect("fetch state lock").stop = true;
+        self.timer_wake.notify_all();
+    }
+
+    /// Runs `waiter` once `id` (of `size` bytes) is in the store, or with
+    /// an error once that failed or the flight's deadline passed. Runs it
+    /// at once, on this thread, if the object is there already; otherwise
+    /// later, on a fetch thread or the timer.
+    pub fn when_present(self: &Arc<Self>, id: &ObjectId, size: u64, waiter: Waiter) {
+        if self.store.has_object(id) {
+            return waiter(Ok(()));
+        }
+        let mut state = self.state.lock().expect("fetch state lock");
+        if let Some(f) = state.inflight.get(id) {
+            // Completion takes a flight out of the table (under this lock)
+            // before it takes the waiters: one in the table takes more.
+            let mut waiters = f.waiters.lock().expect("flight lock");
+            if let Some(w) = waiters.as_mut() {
+                w.push(waiter);
+                return;
+            }
+        }
+        let flight = Arc::new(Flight {
+            id: *id,
+            size,
+            deadline: Instant::now() + self.timeout,
+            abandoned: AtomicBool::new(false),
+            waiters: Mutex::new(Some(vec![waiter])),
+        });
+        state.inflight.insert(*id, flight.clone());
+        if state.running < self.max_fetches {
+            state.running += 1;
+            drop(state);
+            self.spawn(flight);
+        } else {
+            state.queue.push_back(flight);
+            drop(state);
+        }
+        self.timer_wake.notify_all();
+    }
+
+    /// Starts a fetch thread for `flight` (its slot already counted).
+    fn spawn(self: &Arc<Self>, flight: Arc<Flight>) {
+        self.counters.started.fetch_add(1, Ordering::Relaxed);
+        let me = self.clone();
+        let f = flight.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("cairn-fetch-{}", &flight.id.to_hex()[..8]))
+            .spawn(move || {
+                me.run(&f);
+                me.slot_done();
+            });
+        if let Err(e) = spawned {
+            let reason = format!("fetching object {}: starting a thread: {e}", flight.id);
+            tracing::warn!(object = %flight.id, "{reason}");
+            self.complete(&flight, Err(reason));
+            self.slot_done();
+        }
+    }
+
+    /// A fetch thread ends: its slot goes to the oldest queued flight that
+    /// is still wanted.
+    fn slot_done(self: &Arc<Self>) {
+        let next = {
+            let mut state = self.state.lock().expect("fetch state lock");
+            let next = loop {
+                match state.queue.pop_front() {
+                    Some(f) if f.abandoned.load(Ordering::SeqCst) => continue,
+                    other => break other,
+                }
+            };
+            if next.is_none() {
+                state.running -= 1;
+            }
+            next
+        };
+        if let Some(f) = next {
+            self.spawn(f);
+        }
+    }
+
+    /// The fetch thread's work, then completion.
+    fn run(&self, flight: &Arc<Flight>) {
+        let id = flight.id;
+        if flight.abandoned.load(Ordering::SeqCst) {
+            // Expired while queued: the timer ran its waiters.
+            return;
+        }
+        let outcome = self.fetch_and_publish(&id, flight.size, &flight.abandoned);
+        match &outcome {
+            Ok(()) => {
+                self.counters.published.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(reason) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(object = %id, "{reason}");
+            }
+        }
+        self.complete(flight, outcome);
+    }
+
+    /// Takes `flight` out of the table (if it is still there), then runs
+    /// its waiters with `outcome`, unless they ran already.
+    fn complete(&self, flight: &Arc<Flight>, outcome: Result<(), String>) {
+        {
+            let mut state = self.state.lock().expect("fetch state lock");
+            if state
+                .inflight
+                .get(&flight.id)
+                .is_some_and(|f| Arc::ptr_eq(f, flight))
+            {
+                state.inflight.remove(&flight.id);
+            }
+        }
+        let waiters = flight.waiters.lock().expect("flight lock").take();
+        for w in waiters.into_iter().flatten() {
+            w(outcome.clone());
+        }
+    }
+
+    /// The flight's work: fetch into a staged file, verify, publish.
+    fn fetch_and_publish(
+        &self,
+        id: &ObjectId,
+        size: u64,
+        abandoned: &AtomicBool,
+    ) -> Result<(), String> {
+        let store = &*self.store;
+        // Shared, as every writer holds it: gc cannot run while we publish.
+        let _lock = store
+            .lock_shared()
+            .map_err(|e| format!("fetching object {id}: {e}"))?;
+        if store.has_object(id) {
+            return Ok(());
+        }
+        let stager = store
+            .stage_object()
+            .map_err(|e| format!("fetching object {id}: {e}"))?;
+        let mut w = StagerWriter {
+            stager,
+            limit: size,
+            abandoned,
+            error: None,
+        };
+        let fetched = self.source.fetch(id, &mut w);
+        if abandoned.load(Ordering::SeqCst) {
+            return Err(format!(
+                "fetching object {id}: abandoned after the deadline; nothing stored"
+            ));
+        }
+        if let Some(e) = w.error.take() {
+            return Err(format!("fetching object {id}: {e}; nothing stored"));
+        }
+        fetched.map_err(|e| format!("fetching object {id}: {e}; nothing stored"))?;
+        let got = w.stager.len();
+        if got != size {
+            return Err(format!(
+                "fetching object {id}: the source sent {got} bytes, the object has {size}; \
+                 nothing stored"
+            ));
+        }
+        let staged = w
+            .stager
+            .finish(store)
+            .map_err(|e| format!("fetching object {id}: {e}"))?;
+        if staged.id() != *id {
+            return Err(format!(
+                "object {id}: the source sent {got} bytes whose fs-verity digest is {}; \
+                 refused, nothing stored",
+                staged.id()
+            ));
+        }
+        store
+            .publish_staged([staged])
+            .map_err(|e| format!("publishing object {id}: {e}"))?;
+        Ok(())
+    }
+}
+
+/// The timer: abandons flights past their deadline.
+fn timer(fetcher: Weak<Fetcher>) {
+    loop {
+        let Some(f) = fetcher.upgrade() else { return };
+        let expired = {
+            let mut state = f.state.lock().expect("fetch state lock");
+            if state.stop {
+                return;
+            }
+            let now = Instant::now();
+            let expired: Vec<Arc<Flight>> = state
+                .inflight
+                .values()
+                .filter(|fl| fl.deadline <= now)
+                .cloned()
+                .collect();
+            if expired.is_empty() {
+                // Sleep to the next deadline (or a while, to notice the
+                // fetcher going away), unless woken by a new flight.
+                let next = state
+                    .inflight
+                    .values()
+                    .map(|fl| fl.deadline)
+                    .min()
+                    .map_or(Duration::from_secs(1), |d| {
+                        d.saturating_duration_since(now).min(Duration::from_secs(1))
+                    });
+                drop(
+                    f.timer_wake
+                        .wait_timeout(state, next)
+                        .expect("fetch state lock"),
+                );
+                continue;
+            }
+            for fl in &expired {
+                fl.abandoned.store(true, Ordering::SeqCst);
+                state.inflight.remove(&fl.id);
+            }
+            state
+                .queue
+                .retain(|fl| !fl.abandoned.load(Ordering::SeqCst));
+            expired
+        };
+        for fl in expired {
+            f.counters.timed_out.fetch_add(1, Ordering::Relaxed);
+            let reason = format!(
+                "fetching object {} timed out after {:.1}s",
+                fl.id,
+                f.timeout.as_secs_f64()
+            );
+            tracing::warn!(object = %fl.id, "{reason}");
+            f.complete(&fl, Err(reason));
+        }
+    }
+}
+
+/// What the source writes into: the staged object, with a size limit and
+/// the flight's abandonment checked at every write.
+struct StagerWriter<'a> {
+    stager: ObjectStager,
+    limit: u64,
+    abandoned: &'a AtomicBool,
+    /// The first failure, kept to say what it was (the source may swallow
+    /// the io::Error we return).
+    error: Option<String>,
+}
+
+impl io::Write for StagerWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.abandoned.load(Ordering::SeqCst) {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "fetch abandoned"));
+        }
+        if self.stager.len() + buf.len() as u64 > self.limit {
+            let msg = format!(
+                "the source sent more than the object's {} bytes",
+                self.limit
+            );
+            self.error.get_or_insert(msg.clone());
+            return Err(io::Error::new(io::ErrorKind::InvalidData, msg));
+        }
+        if let Err(e) = self.stager.write(buf) {
+            let msg = e.to_string();
+            self.error.get_or_insert(msg.clone());
+            return Err(io::Error::other(msg));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl From<io::Error> for FetchError {
+    fn from(e: io::Error) -> FetchError {
+        FetchError::Io(e)
+    }
+}

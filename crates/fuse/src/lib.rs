@@ -1,0 +1,563 @@
+//! The lazy data layer: a FUSE filesystem, served by cairn itself, that
+//! stands where the store's `objects/` directory stands in the overlay
+//! stack (its data-only lower layer) and answers lookups of `ab/cdef…` by
+//! object id.
+//!
+//! - An object in the store is opened with **FUSE passthrough**: the open
+//!   reply names a *backing id* registered for the store's file, and from
+//!   then on the kernel reads that file itself; reads never reach this
+//!   server.
+//! - An object missing from the store is fetched from an [`ObjectSource`],
+//!   its fs-verity digest checked while it is staged, published into the
+//!   store by the store's own staging and rename, and then passed through.
+//!   Bytes that do not hash to the object's name are never served and
+//!   never stored: the open fails with `EIO` and a log line names the
+//!   object.
+//!
+//! The wire protocol is ours ([`proto`], from the kernel's uapi header);
+//! no FUSE library is used, because none speaks passthrough. The design,
+//! its invariants and its limits are in `docs/lazy-fuse.md`.
+//!
+//! Entry points: [`serve`] mounts and serves; [`FuseMount::unmount`] ends
+//! it; [`FuseMount::hand_over`] and [`take_over`] move a live connection
+//! to a successor process over a unix socket.
+//!
+//! Modules: `proto` parses requests and builds replies (pure), `dev` holds
+//! the system calls on `/dev/fuse` (and the crate's only `unsafe`, the two
+//! passthrough ioctls), `server` the tree, the node and handle tables and
+//! the dispatch, `fetch` the fetches of missing objects, `handover` the
+//! hand-over format.
+//!
+//! # Memory bound
+//!
+//! With `w` = [`ServeOptions::workers`], `f` = [`ServeOptions::max_fetches`]
+//! and `n` = [`ServeOptions::max_nodes`], the server holds at most
+//! `w × (REQUEST_BUFFER + 128 KiB)` of buffers (one request buffer and at
+//! most one READ reply per worker), `n` object nodes (about 100 bytes each,
+//! plus one open file per open handle, which the kernel's opens bound), one
+//! flight per object being fetched (with a small waiter per open waiting
+//! for it), and `1 + f` threads beyond the workers (the deadline timer and
+//! the fetch threads, each streaming into a staged file with no buffer of
+//! its own). Nothing grows with an object's size. The constants are in
+//! [`REQUEST_BUFFER`] and `server::MAX_READ`.
+
+#![deny(unsafe_code)]
+
+mod dev;
+mod fetch;
+mod handover;
+pub mod proto;
+mod server;
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use cairn_store::{ObjectId, Store};
+use rustix::io::Errno;
+
+use crate::fetch::Fetcher;
+use crate::proto::{init_flags, InitOut, Op, Reply, Request};
+use crate::server::{Flow, Server};
+
+/// The size of each worker's request buffer. The kernel wants at least
+/// 8 KiB (`FUSE_MIN_READ_BUFFER`) and room for a WRITE of `max_write`
+/// (4 KiB, the minimum, which we announce: the filesystem is read-only).
+pub const REQUEST_BUFFER: usize = 64 * 1024;
+
+/// Where missing objects come from (a registry, in `cairn mount --lazy`).
+pub trait ObjectSource: Send + Sync {
+    /// The size of the object, or `None` if this source does not have it
+    /// (the lookup then fails with `ENOENT`). Called on LOOKUP of an
+    /// object missing from the store, so it should be cheap (an index).
+    fn size(&self, id: &ObjectId) -> Option<u64>;
+
+    /// Writes the object's contents, from the start, into `out`. The
+    /// server checks the bytes; a source need not. A write into `out`
+    /// fails once the fetch has been abandoned (its deadline passed) or
+    /// once more than [`size`](Self::size) bytes were written; the source
+    /// should then stop.
+    fn fetch(&self, id: &ObjectId, out: &mut dyn io::Write) -> Result<(), FetchError>;
+}
+
+/// A source with nothing: every object must be in the store.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoSource;
+
+impl ObjectSource for NoSource {
+    fn size(&self, _: &ObjectId) -> Option<u64> {
+        None
+    }
+
+    fn fetch(&self, id: &ObjectId, _: &mut dyn io::Write) -> Result<(), FetchError> {
+        Err(FetchError::NotFound(*id))
+    }
+}
+
+/// Why a source could not deliver an object.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("the source does not have object {0}")]
+    NotFound(ObjectId),
+    #[error("{0}")]
+    Io(io::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// How to serve.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Threads reading requests from `/dev/fuse`.
+    pub workers: usize,
+    /// How long an open waits for a missing object before it fails with
+    /// `EIO` (a later open tries again).
+    pub fetch_timeout: Duration,
+    /// Fetches running at once (threads; each holds no buffer of its own).
+    pub max_fetches: usize,
+    /// Objects the kernel may hold at once (inodes it looked up and has not
+    /// forgotten); a lookup past it fails with `ENFILE`.
+    pub max_nodes: usize,
+    /// The mount's source, as mountinfo shows it (name the image served).
+    pub source_name: String,
+    /// Use passthrough where the kernel offers it (the point of this
+    /// crate). Off, every read is a READ served by cairn: for kernels or
+    /// stores where passthrough misbehaves, and for tests of that path.
+    pub passthrough: bool,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            workers: 4,
+            fetch_timeout: Duration::from_secs(60),
+            max_fetches: 16,
+            max_nodes: 1 << 20,
+            source_name: "cairn".into(),
+            passthrough: true,
+        }
+    }
+}
+
+/// Why serving could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FuseError {
+    #[error("opening /dev/fuse: {0}")]
+    OpenDevice(io::Error),
+    #[error("mounting the FUSE data layer at {}: {error}", target.display())]
+    Mount { target: PathBuf, error: io::Error },
+    #[error("FUSE handshake at {}: {reason}", target.display())]
+    Init { target: PathBuf, reason: String },
+    #[error("unmounting the FUSE data layer at {}: {error}", target.display())]
+    Unmount { target: PathBuf, error: io::Error },
+    #[error("starting the FUSE workers: {0}")]
+    Spawn(io::Error),
+    #[error("handing over the FUSE data layer at {}: {reason}", target.display())]
+    HandOver { target: PathBuf, reason: String },
+}
+
+/// A snapshot of the server's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Whether the kernel agreed to passthrough at INIT.
+    pub passthrough: bool,
+    /// READ requests served (zero when everything is passed through).
+    pub reads: u64,
+    pub passthrough_opens: u64,
+    /// Opens served by READ instead (passthrough unavailable).
+    pub plain_opens: u64,
+    pub backing_opened: u64,
+    pub backing_closed: u64,
+    /// Backing ids registered now.
+    pub live_backing_ids: u64,
+    pub fetches_started: u64,
+    pub fetches_published: u64,
+    pub fetches_failed: u64,
+    pub fetches_timed_out: u64,
+    pub bad_messages: u64,
+}
+
+/// A mounted, served FUSE data layer. [`unmount`](Self::unmount) it; if it
+/// is dropped instead, it is detached lazily and its workers serve until
+/// the last user (an overlay stacked on it) is gone.
+pub struct FuseMount {
+    target: PathBuf,
+    server: Arc<Server>,
+    workers: Workers,
+    mounted: bool,
+}
+
+/// The worker threads and the write end of the pipe that stops them
+/// (closing it wakes every worker's `poll`).
+struct Workers {
+    stop: Option<OwnedFd>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    fn start(server: &Arc<Server>, n: usize) -> Result<Workers, FuseError> {
+        let (stop_r, stop_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| FuseError::Spawn(e.into()))?;
+        let stop_r = Arc::new(stop_r);
+        let mut w = Workers {
+            stop: Some(stop_w),
+            threads: Vec::new(),
+        };
+        for i in 0..n.max(1) {
+            let (s, r) = (server.clone(), stop_r.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("cairn-fuse-{i}"))
+                .spawn(move || worker(&s, &r))
+                .map_err(FuseError::Spawn)?;
+            w.threads.push(t);
+        }
+        Ok(w)
+    }
+
+    /// Stops the workers (each finishes the request in hand) and waits.
+    fn stop(&mut self) {
+        self.stop = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    /// Waits for workers that stop by themselves (the connection ended).
+    fn join(&mut self) {
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.stop = None;
+    }
+}
+
+impl std::fmt::Debug for FuseMount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FuseMount")
+            .field("target", &self.target)
+            .field("mounted", &self.mounted)
+            .finish()
+    }
+}
+
+impl FuseMount {
+    /// The mountpoint: pass it as `MountOptions::objects`.
+    pub fn path(&self) -> &Path {
+        &self.target
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.server.counters;
+        let f = &self.server.fetcher.counters;
+        Stats {
+            passthrough: self.server.passthrough.load(Ordering::Relaxed),
+            reads: c.reads.load(Ordering::Relaxed),
+            passthrough_opens: c.passthrough_opens.load(Ordering::Relaxed),
+            plain_opens: c.plain_opens.load(Ordering::Relaxed),
+            backing_opened: c.backing_opened.load(Ordering::Relaxed),
+            backing_closed: c.backing_closed.load(Ordering::Relaxed),
+            live_backing_ids: self.server.live_backing_ids() as u64,
+            fetches_started: f.started.load(Ordering::Relaxed),
+            fetches_published: f.published.load(Ordering::Relaxed),
+            fetches_failed: f.failed.load(Ordering::Relaxed),
+            fetches_timed_out: f.timed_out.load(Ordering::Relaxed),
+            bad_messages: c.bad_messages.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Unmounts (not lazily: `EBUSY` while an overlay still uses it, and
+    /// then nothing changes) and waits for the workers, which stop when the
+    /// kernel ends the connection. Returns the final counters.
+    pub fn unmount(&mut self) -> Result<Stats, FuseError> {
+        if self.mounted {
+            dev::unmount(&self.target, false).map_err(|error| FuseError::Unmount {
+                target: self.target.clone(),
+                error,
+            })?;
+            self.mounted = false;
+        }
+        self.workers.join();
+        Ok(self.stats())
+    }
+
+    /// Hands the connection, the mountpoint and the server's state to a
+    /// successor ([`take_over`]) over `sock`, and stops serving once the
+    /// successor has said it serves. The mount stays as it is: nothing in
+    /// the kernel notices, files open stay open, and requests that arrive
+    /// meanwhile wait in the kernel's queue. If the successor fails, this
+    /// server serves on and is given back with the error.
+    ///
+    /// Opens waiting for a fetch are answered first (at worst at their
+    /// deadline, `fetch_timeout`), so none is lost in the hand-over.
+    #[allow(clippy::result_large_err)]
+    pub fn hand_over(mut self, sock: &UnixStream) -> Result<(), (FuseMount, FuseError)> {
+        self.workers.stop();
+        let deadline =
+            std::time::Instant::now() + self.server.fetcher.timeout() + Duration::from_secs(1);
+        while self.server.pending_opens.load(Ordering::SeqCst) != 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let result = if self.server.pending_opens.load(Ordering::SeqCst) != 0 {
+            Err("opens waiting for fetches did not finish".to_string())
+        } else {
+            let state = self.server.export_state();
+            handover::send(sock, self.server.dev.as_fd(), &self.target, &state)
+                .map_err(|e| format!("sending the connection: {e}"))
+                .and_then(|()| {
+                    let mut ack = [0u8; 1];
+                    match (&*sock).read_exact(&mut ack) {
+                        Ok(()) if ack[0] == handover::ACK => Ok(()),
+                        Ok(()) => Err(format!("the successor answered {:?}", ack[0] as char)),
+                        Err(e) => Err(format!("the successor did not take over: {e}")),
+                    }
+                })
+        };
+        match result {
+            Ok(()) => {
+                // The successor owns the mount now.
+                self.mounted = false;
+                Ok(())
+            }
+            Err(reason) => {
+                let err = FuseError::HandOver {
+                    target: self.target.clone(),
+                    reason,
+                };
+                let n = self.server.workers;
+                match Workers::start(&self.server, n) {
+                    Ok(w) => self.workers = w,
+                    Err(e) => {
+                        tracing::warn!("restarting FUSE workers after a failed hand-over: {e}")
+                    }
+                }
+                Err((self, err))
+            }
+        }
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            // Detached: the connection lives while anything uses it, and
+            // the (detached) workers serve it until the kernel ends it. So
+            // their stop pipe must stay open: its write end is left behind
+            // (one descriptor for the life of the process).
+            let _ = dev::unmount(&self.target, true);
+            if let Some(stop) = self.workers.stop.take() {
+                std::mem::forget(stop);
+            }
+        }
+    }
+}
+
+/// Mounts the lazy data layer at `mountpoint` (an existing directory) and
+/// serves it from `store`, fetching missing objects from `source`.
+///
+/// Returns once the kernel's INIT has been answered, so the mount is usable
+/// at once (as `MountOptions::objects` of `cairn_mount`). Passthrough is
+/// used when the kernel offers it (Linux 6.9 and later, protocol 7.40);
+/// otherwise reads are served by READ (and counted). The caller must be
+/// root (mounting, and registering backing files, need `CAP_SYS_ADMIN`).
+pub fn serve(
+    store: Arc<Store>,
+    source: Arc<dyn ObjectSource>,
+    mountpoint: &Path,
+    options: ServeOptions,
+) -> Result<FuseMount, FuseError> {
+    let target = mountpoint.to_path_buf();
+    let devfd = dev::open_dev().map_err(FuseError::OpenDevice)?;
+    let fetcher = Fetcher::start(
+        store.clone(),
+        source,
+        options.fetch_timeout,
+        options.max_fetches,
+    )
+    .map_err(FuseError::Spawn)?;
+    dev::mount(devfd.as_fd(), &target, &options.source_name).map_err(|error| FuseError::Mount {
+        target: target.clone(),
+        error,
+    })?;
+    let server = Arc::new(Server::new(
+        devfd,
+        store,
+        fetcher,
+        options.max_nodes,
+        options.workers,
+    ));
+    let mut mount = FuseMount {
+        target: target.clone(),
+        server: server.clone(),
+        workers: Workers {
+            stop: None,
+            threads: Vec::new(),
+        },
+        mounted: true,
+    };
+    // From here on, dropping `mount` detaches it again.
+    handshake(&server, options.passthrough).map_err(|reason| FuseError::Init {
+        target: target.clone(),
+        reason,
+    })?;
+    dev::set_nonblocking(server.dev.as_fd()).map_err(FuseError::OpenDevice)?;
+    mount.workers = Workers::start(&server, options.workers)?;
+    Ok(mount)
+}
+
+/// Takes over a connection that a predecessor hands over on `sock`
+/// ([`FuseMount::hand_over`]): receives the `/dev/fuse` descriptor, the
+/// mountpoint and the server's state, checks the state, opens the files of
+/// the handles open in the kernel again from `store`, starts serving and
+/// tells the predecessor so. `options.source_name` is not used (the mount
+/// exists already).
+pub fn take_over(
+    store: Arc<Store>,
+    source: Arc<dyn ObjectSource>,
+    sock: &UnixStream,
+    options: ServeOptions,
+) -> Result<FuseMount, FuseError> {
+    let fail = |target: &Path, reason: String| FuseError::HandOver {
+        target: target.to_path_buf(),
+        reason,
+    };
+    let (devfd, target, state) =
+        handover::receive(sock, options.max_nodes).map_err(|r| fail(Path::new("?"), r))?;
+    let fetcher = Fetcher::start(
+        store.clone(),
+        source,
+        options.fetch_timeout,
+        options.max_fetches,
+    )
+    .map_err(FuseError::Spawn)?;
+    let server = Arc::new(Server::new(
+        devfd,
+        store,
+        fetcher,
+        options.max_nodes,
+        options.workers,
+    ));
+    server.import_state(state).map_err(|r| fail(&target, r))?;
+    let workers = Workers::start(&server, options.workers)?;
+    (&*sock)
+        .write_all(&[handover::ACK])
+        .map_err(|e| fail(&target, format!("telling the predecessor: {e}")))?;
+    Ok(FuseMount {
+        target,
+        server,
+        workers,
+        mounted: true,
+    })
+}
+
+/// Reads the kernel's INIT and answers it: passthrough with a stack depth
+/// of 1 when offered, so that overlayfs (one more level) can stack on top.
+fn handshake(server: &Server, allow_passthrough: bool) -> Result<(), String> {
+    let mut buf = vec![0u8; REQUEST_BUFFER];
+    let n = loop {
+        match dev::read(server.dev.as_fd(), &mut buf) {
+            Ok(n) => break n,
+            Err(Errno::INTR | Errno::AGAIN) => continue,
+            Err(e) => return Err(format!("reading INIT: {e}")),
+        }
+    };
+    let req = Request::parse(&buf[..n]).map_err(|e| format!("reading INIT: {e}"))?;
+    let Op::Init(init) = req.op else {
+        return Err(format!(
+            "the first request was opcode {}, not INIT",
+            req.header.opcode
+        ));
+    };
+    if init.major != proto::KERNEL_VERSION {
+        server.reply(Reply::error(req.header.unique, libc::EPROTO));
+        return Err(format!(
+            "the kernel speaks FUSE {}.{}, we speak 7.x",
+            init.major, init.minor
+        ));
+    }
+    let offered = init.flags;
+    let passthrough_bit = (init_flags::PASSTHROUGH2 as u64) << 32;
+    let mut wanted = (init_flags::ASYNC_READ
+        | init_flags::BIG_WRITES
+        | init_flags::PARALLEL_DIROPS
+        | init_flags::MAX_PAGES
+        | init_flags::INIT_EXT) as u64
+        // An idmapped clone of the layer (`cairn mount --idmap`) needs it;
+        // the kernel honours it only with default_permissions, which we
+        // mount with.
+        | (init_flags::ALLOW_IDMAP2 as u64) << 32;
+    let offered_passthrough =
+        init.minor >= proto::PASSTHROUGH_MINOR && offered & passthrough_bit != 0;
+    let passthrough = allow_passthrough && offered_passthrough;
+    if passthrough {
+        wanted |= passthrough_bit;
+    } else if offered_passthrough {
+        tracing::info!("passthrough turned off: every read of the lazy layer goes through cairn");
+    } else {
+        tracing::warn!(
+            "the kernel (FUSE 7.{}) offers no passthrough: every read of the lazy layer goes through cairn",
+            init.minor
+        );
+    }
+    let out = InitOut {
+        major: proto::KERNEL_VERSION,
+        minor: proto::KERNEL_MINOR,
+        max_readahead: init.max_readahead,
+        flags: offered & wanted,
+        max_background: 16,
+        congestion_threshold: 12,
+        max_write: 4096,
+        max_pages: (server::MAX_READ / 4096) as u16,
+        max_stack_depth: if passthrough { 1 } else { 0 },
+    };
+    server.passthrough.store(passthrough, Ordering::Relaxed);
+    server.reply(Reply::ok(req.header.unique).init(&out));
+    Ok(())
+}
+
+/// One worker: wait for a request (or the stop pipe), read it, answer it,
+/// until the connection ends or the workers are stopped. The device is
+/// non-blocking: every worker wakes for a request, one reads it, the
+/// others find nothing (`EAGAIN`) and wait again.
+fn worker(server: &Arc<Server>, stop: &OwnedFd) {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut buf = vec![0u8; REQUEST_BUFFER];
+    loop {
+        let mut fds = [
+            PollFd::new(&server.dev, PollFlags::IN),
+            PollFd::new(stop, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(Errno::INTR | Errno::AGAIN) => continue,
+            Err(e) => {
+                tracing::warn!("polling /dev/fuse: {e}; worker stops");
+                return;
+            }
+        }
+        if !fds[1].revents().is_empty() {
+            return;
+        }
+        match dev::read(server.dev.as_fd(), &mut buf) {
+            Ok(n) => {
+                if server.handle(&buf[..n]) == Flow::Stop {
+                    return;
+                }
+            }
+            // ENOENT: the request was interrupted before we read it.
+            Err(Errno::INTR | Errno::AGAIN | Errno::NOENT) => continue,
+            // The filesystem was unmounted (or the connection aborted).
+            Err(Errno::NODEV) => return,
+            Err(e) => {
+                tracing::warn!("reading /dev/fuse: {e}; worker stops");
+                return;
+            }
+        }
+    }
+}
