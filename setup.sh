@@ -33,6 +33,9 @@ PACKAGES=(
   shellcheck        # lints the shell scripts in test.sh
   build-essential pkg-config  # C toolchain: libfuzzer-sys, crates with C parts
   musl-tools        # musl-gcc: cairn is a static musl binary (.cargo/config.toml)
+  containerd runc   # `cairn snapshotter` tests: containerd 1.6 and ctr, runc for ctr run
+  golang-github-containerd-containerd-dev  # containerd's snapshotter suite (tests/containerd-suite)
+  golang-go         # builds that suite in GOPATH mode (/usr/local/go is used where present)
 )
 
 demo=1

@@ -118,6 +118,12 @@ enum Command {
     Import(import::ImportArgs),
     /// Write an image out as an OCI image layout (one regenerated layer).
     Export(import::ExportArgs),
+    /// Serve containerd's snapshots API on a unix socket (a proxy snapshotter over the store).
+    Snapshotter {
+        /// The unix socket to listen on (its directory is created 0700).
+        #[arg(long, default_value = "/run/cairn/snapshotter.sock")]
+        address: PathBuf,
+    },
     #[command(flatten)]
     Store(store_cmds::StoreCommand),
     #[command(flatten)]
@@ -269,6 +275,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Containers(cmd) => run_cmds::run(g, cmd),
         Command::Import(args) => import::import(g, &args),
         Command::Export(args) => import::export(g, &args),
+        Command::Snapshotter { address } => cairn_snapshotter::serve(&g.root, &address)
+            .with_context(|| format!("snapshotter on {}", address.display())),
     }
 }
 

@@ -1,0 +1,784 @@
+//! The snapshotter: containerd's snapshot semantics over [`Meta`] records,
+//! directories under `$CAIRN_ROOT/snapshots/`, and the store.
+//!
+//! Every method is synchronous and is called with the snapshotter locked
+//! (one operation at a time); the gRPC layer runs them on blocking threads.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use cairn_mount::{mount_image, MountOptions, UpperSpec, VerityMode};
+use cairn_store::Store;
+use rustix::fs::{flock, FlockOperation};
+
+use crate::commit::{commit_dir, Committed};
+use crate::meta::{Kind, Layer, Meta, MetaError, Record, Time, RECORD_FORMAT};
+use crate::proto;
+
+/// The errors containerd's proxy client turns back into its errdefs.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapError {
+    #[error("snapshot {0:?}: not found")]
+    NotFound(String),
+    #[error("snapshot {0:?}: already exists")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<MetaError> for SnapError {
+    fn from(e: MetaError) -> Self {
+        SnapError::Internal(format!("snapshot metadata: {e}"))
+    }
+}
+
+fn internal(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> SnapError {
+    move |e| SnapError::Internal(format!("{what}: {e}"))
+}
+
+/// The prefix of the refs that keep committed snapshots' chain images.
+pub const REF_PREFIX: &str = "containerd-snapshot-";
+
+pub struct Snapshotter {
+    store: Arc<Store>,
+    /// Active snapshots being committed (key → id), and the names they
+    /// will take: the import runs without the snapshotter's lock.
+    committing: HashMap<String, u64>,
+    reserved: HashSet<String>,
+    meta: Meta,
+    dir: PathBuf,
+    /// Held (flock, exclusive) for the snapshotter's life.
+    _lock: File,
+}
+
+/// What `Usage` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub size: i64,
+    pub inodes: i64,
+}
+
+impl Snapshotter {
+    /// Opens the snapshotter of the store at `root` (creating
+    /// `<root>/snapshots/`). Fails if another snapshotter has it open.
+    pub fn open(root: &Path) -> Result<Snapshotter, SnapError> {
+        let store = Store::open(root)
+            .map_err(|e| SnapError::Internal(format!("opening the store: {e}")))?;
+        let dir = store.root().join("snapshots");
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(internal(dir.display())(e)),
+        }
+        let lock_path = dir.join("lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(internal(lock_path.display()))?;
+        flock(&lock, FlockOperation::NonBlockingLockExclusive).map_err(|e| {
+            SnapError::Internal(format!(
+                "{}: another snapshotter runs on this store ({e})",
+                lock_path.display()
+            ))
+        })?;
+        let meta = Meta::open(&dir)?;
+        let chains = dir.join("chains");
+        match fs::DirBuilder::new().mode(0o700).create(&chains) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(internal(chains.display())(e)),
+        }
+        Ok(Snapshotter {
+            store: Arc::new(store),
+            committing: HashMap::new(),
+            reserved: HashSet::new(),
+            meta,
+            dir,
+            _lock: lock,
+        })
+    }
+
+    fn snap_dir(&self, id: u64) -> PathBuf {
+        self.dir.join(id.to_string())
+    }
+
+    fn chain_dir(&self, image: &str) -> PathBuf {
+        self.dir.join("chains").join(image)
+    }
+
+    pub fn info(&self, key: &str) -> Result<proto::Info, SnapError> {
+        let r = self
+            .meta
+            .get(key)
+            .ok_or_else(|| SnapError::NotFound(key.to_owned()))?;
+        Ok(to_info(r))
+    }
+
+    fn create(
+        &mut self,
+        kind: Kind,
+        key: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<proto::Mount>, SnapError> {
+        if key.is_empty() {
+            return Err(SnapError::InvalidArgument("empty snapshot key".into()));
+        }
+        if self.meta.get(key).is_some() || self.reserved.contains(key) {
+            return Err(SnapError::AlreadyExists(key.to_owned()));
+        }
+        let parent_image = if parent.is_empty() {
+            None
+        } else {
+            let p = self
+                .meta
+                .get(parent)
+                .ok_or_else(|| SnapError::NotFound(parent.to_owned()))?;
+            let Some(layer) = &p.layer else {
+                return Err(SnapError::InvalidArgument(format!(
+                    "parent {parent:?} is not a committed snapshot"
+                )));
+            };
+            Some(layer.image.clone())
+        };
+        let id = self.meta.allocate_id();
+        let sdir = self.snap_dir(id);
+        let made = (|| -> Result<(), SnapError> {
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&sdir)
+                .map_err(internal(sdir.display()))?;
+            let needs_fs = kind == Kind::Active || parent_image.is_none();
+            if needs_fs {
+                let fsd = sdir.join("fs");
+                fs::DirBuilder::new()
+                    .mode(0o755)
+                    .create(&fsd)
+                    .map_err(internal(fsd.display()))?;
+            }
+            if kind == Kind::Active && parent_image.is_some() {
+                let w = sdir.join("work");
+                fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&w)
+                    .map_err(internal(w.display()))?;
+            }
+            if let Some(img) = &parent_image {
+                self.ensure_chain_mounted(img)?;
+            }
+            let now = Time::now();
+            let rec = Record {
+                format: RECORD_FORMAT,
+                id,
+                key: key.to_owned(),
+                kind,
+                parent: (!parent.is_empty()).then(|| parent.to_owned()),
+                parent_image: parent_image.clone(),
+                labels: labels.into_iter().collect(),
+                created: now,
+                updated: now,
+                layer: None,
+            };
+            self.meta.put(rec, None)?;
+            Ok(())
+        })();
+        if let Err(e) = made {
+            let _ = fs::remove_dir_all(&sdir);
+            if let Some(img) = &parent_image {
+                self.release_chain(img);
+            }
+            return Err(e);
+        }
+        self.mounts(key)
+    }
+
+    pub fn prepare(
+        &mut self,
+        key: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<proto::Mount>, SnapError> {
+        self.create(Kind::Active, key, parent, labels)
+    }
+
+    pub fn view(
+        &mut self,
+        key: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<proto::Mount>, SnapError> {
+        self.create(Kind::View, key, parent, labels)
+    }
+
+    /// The mounts of an active or view snapshot (see docs/snapshotter.md).
+    pub fn mounts(&self, key: &str) -> Result<Vec<proto::Mount>, SnapError> {
+        let r = self
+            .meta
+            .get(key)
+            .ok_or_else(|| SnapError::NotFound(key.to_owned()))?;
+        let sdir = self.snap_dir(r.id);
+        let s = |p: &Path| p.display().to_string();
+        let m = match (r.kind, &r.parent_image) {
+            (Kind::Committed, _) => {
+                return Err(SnapError::FailedPrecondition(format!(
+                    "snapshot {key:?} is committed: it has no mounts"
+                )))
+            }
+            (Kind::Active, None) => proto::Mount {
+                r#type: "bind".into(),
+                source: s(&sdir.join("fs")),
+                target: String::new(),
+                options: vec!["rbind".into(), "rw".into()],
+            },
+            (Kind::View, None) => proto::Mount {
+                r#type: "bind".into(),
+                source: s(&sdir.join("fs")),
+                target: String::new(),
+                options: vec!["rbind".into(), "ro".into()],
+            },
+            (Kind::View, Some(img)) => proto::Mount {
+                r#type: "bind".into(),
+                source: s(&self.chain_dir(img)),
+                target: String::new(),
+                options: vec!["rbind".into(), "ro".into()],
+            },
+            (Kind::Active, Some(img)) => proto::Mount {
+                r#type: "overlay".into(),
+                source: "overlay".into(),
+                target: String::new(),
+                options: vec![
+                    "index=off".into(),
+                    format!("workdir={}", s(&sdir.join("work"))),
+                    format!("upperdir={}", s(&sdir.join("fs"))),
+                    format!("lowerdir={}", s(&self.chain_dir(img))),
+                ],
+            },
+        };
+        Ok(vec![m])
+    }
+
+    /// Mounts the chain image `img` read-only at `chains/<img>` unless it
+    /// is mounted there already.
+    fn ensure_chain_mounted(&self, img: &str) -> Result<(), SnapError> {
+        let target = self.chain_dir(img);
+        match fs::DirBuilder::new().mode(0o755).create(&target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(internal(target.display())(e)),
+        }
+        if is_mountpoint(&target) {
+            return Ok(());
+        }
+        let image = self.store.image_path(img);
+        let objects = self.store.objects_dir();
+        mount_image(&MountOptions {
+            image: &image,
+            objects: &objects,
+            target: &target,
+            upper: UpperSpec::None,
+            idmap: None,
+            verity: VerityMode::Off,
+        })
+        .map_err(|e| SnapError::Internal(format!("mounting chain image {img}: {e}")))
+    }
+
+    /// Unmounts `chains/<img>` if no active or view snapshot uses it.
+    fn release_chain(&self, img: &str) {
+        let used = self
+            .meta
+            .records()
+            .any(|r| r.kind != Kind::Committed && r.parent_image.as_deref() == Some(img));
+        if used {
+            return;
+        }
+        let target = self.chain_dir(img);
+        if is_mountpoint(&target) {
+            if let Err(e) = rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH) {
+                tracing::warn!("unmounting {}: {e}", target.display());
+                return;
+            }
+        }
+        let _ = fs::remove_dir(&target);
+    }
+
+    /// Checks a Commit and reserves its key and name; the import itself
+    /// ([`CommitPlan::run`]) runs without the snapshotter's lock.
+    pub fn begin_commit(
+        &mut self,
+        name: &str,
+        key: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<CommitPlan, SnapError> {
+        if name.is_empty() {
+            return Err(SnapError::InvalidArgument("empty snapshot name".into()));
+        }
+        let r = self
+            .meta
+            .get(key)
+            .ok_or_else(|| SnapError::NotFound(key.to_owned()))?
+            .clone();
+        if r.kind != Kind::Active || self.committing.contains_key(key) {
+            return Err(SnapError::FailedPrecondition(format!(
+                "snapshot {key:?} is not active{}",
+                if self.committing.contains_key(key) {
+                    " (it is being committed)"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if self.meta.get(name).is_some() || self.reserved.contains(name) {
+            return Err(SnapError::AlreadyExists(name.to_owned()));
+        }
+        let parent_chain = match &r.parent {
+            Some(p) => self
+                .meta
+                .get(p)
+                .and_then(|p| p.layer.as_ref())
+                .map(|l| l.chain.clone())
+                .ok_or_else(|| SnapError::Internal(format!("parent {p:?} of {key:?} is gone")))?,
+            None => Vec::new(),
+        };
+        self.committing.insert(key.to_owned(), r.id);
+        self.reserved.insert(name.to_owned());
+        Ok(CommitPlan {
+            store: self.store.clone(),
+            fs: self.snap_dir(r.id).join("fs"),
+            ref_name: format!("{REF_PREFIX}{}", r.id),
+            name: name.to_owned(),
+            key: key.to_owned(),
+            labels,
+            record: r,
+            parent_chain,
+        })
+    }
+
+    /// Records the outcome of a commit begun with [`Self::begin_commit`].
+    pub fn finish_commit(
+        &mut self,
+        plan: CommitPlan,
+        done: Result<Committed, SnapError>,
+    ) -> Result<(), SnapError> {
+        self.committing.remove(&plan.key);
+        self.reserved.remove(&plan.name);
+        let c = done?;
+        let r = plan.record;
+        let mut chain = plan.parent_chain;
+        chain.push(c.layer.diff_id.clone());
+        let mut all_labels = r.labels.clone();
+        all_labels.extend(plan.labels);
+        let now = Time::now();
+        let rec = Record {
+            format: RECORD_FORMAT,
+            id: r.id,
+            key: plan.name,
+            kind: Kind::Committed,
+            parent: r.parent.clone(),
+            parent_image: None,
+            labels: all_labels,
+            created: now,
+            updated: now,
+            layer: Some(Layer {
+                diff_id: c.layer.diff_id.clone(),
+                chain,
+                image: c.image.clone(),
+                ref_name: plan.ref_name,
+                size: c.layer.size,
+                entries: c.layer.entries,
+            }),
+        };
+        self.meta.put(rec, Some(&plan.key))?;
+        self.remove_dir(&self.snap_dir(r.id));
+        if let Some(img) = &r.parent_image {
+            self.release_chain(img);
+        }
+        Ok(())
+    }
+
+    /// Commit with the snapshotter locked throughout (tests; the server
+    /// uses [`commit`], which imports without the lock).
+    pub fn commit(
+        &mut self,
+        name: &str,
+        key: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<(), SnapError> {
+        let plan = self.begin_commit(name, key, labels)?;
+        let done = plan.run();
+        self.finish_commit(plan, done)
+    }
+
+    /// Removes a snapshot directory: renamed out of the way first, so a
+    /// crash halfway leaves only `tmp/` debris.
+    fn remove_dir(&self, sdir: &Path) {
+        if !sdir.exists() {
+            return;
+        }
+        let junk = self.dir.join("tmp").join(format!(
+            "rm.{}",
+            sdir.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        let target = match fs::rename(sdir, &junk) {
+            Ok(()) => junk,
+            Err(e) => {
+                tracing::warn!("moving {} aside: {e}", sdir.display());
+                sdir.to_path_buf()
+            }
+        };
+        if let Err(e) = fs::remove_dir_all(&target) {
+            tracing::warn!("removing {}: {e}", target.display());
+        }
+    }
+
+    pub fn remove(&mut self, key: &str) -> Result<(), SnapError> {
+        let r = self
+            .meta
+            .get(key)
+            .ok_or_else(|| SnapError::NotFound(key.to_owned()))?
+            .clone();
+        if self.committing.contains_key(key) {
+            return Err(SnapError::FailedPrecondition(format!(
+                "cannot remove snapshot {key:?}: it is being committed"
+            )));
+        }
+        if let Some(child) = self
+            .meta
+            .records()
+            .find(|c| c.parent.as_deref() == Some(key))
+        {
+            return Err(SnapError::FailedPrecondition(format!(
+                "cannot remove snapshot {key:?}: it has children (e.g. {:?})",
+                child.key
+            )));
+        }
+        self.meta.remove(key)?;
+        self.remove_dir(&self.snap_dir(r.id));
+        if let Some(img) = &r.parent_image {
+            self.release_chain(img);
+        }
+        if let Some(l) = &r.layer {
+            if let Err(e) = self.store.remove_ref(&l.ref_name) {
+                tracing::warn!("removing ref {}: {e}", l.ref_name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces labels as `paths` say (containerd's field paths: `labels`
+    /// or `labels.NAME`; none means all labels).
+    pub fn update(
+        &mut self,
+        info: proto::Info,
+        paths: &[String],
+    ) -> Result<proto::Info, SnapError> {
+        let mut r = self
+            .meta
+            .get(&info.name)
+            .ok_or_else(|| SnapError::NotFound(info.name.clone()))?
+            .clone();
+        if paths.is_empty() {
+            r.labels = info.labels.into_iter().collect();
+        } else {
+            for p in paths {
+                if p == "labels" {
+                    r.labels = info.labels.clone().into_iter().collect();
+                } else if let Some(l) = p.strip_prefix("labels.") {
+                    match info.labels.get(l) {
+                        Some(v) => {
+                            r.labels.insert(l.to_owned(), v.clone());
+                        }
+                        None => {
+                            r.labels.remove(l);
+                        }
+                    }
+                } else {
+                    return Err(SnapError::InvalidArgument(format!(
+                        "cannot update {p:?} field on snapshot {:?}",
+                        info.name
+                    )));
+                }
+            }
+        }
+        r.updated = Time::now();
+        self.meta.put(r.clone(), None)?;
+        Ok(to_info(&r))
+    }
+
+    pub fn list(&self) -> Vec<proto::Info> {
+        let mut v: Vec<_> = self.meta.records().map(to_info).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn usage(&self, key: &str) -> Result<Usage, SnapError> {
+        let r = self
+            .meta
+            .get(key)
+            .ok_or_else(|| SnapError::NotFound(key.to_owned()))?;
+        if let Some(l) = &r.layer {
+            return Ok(Usage {
+                size: l.size as i64,
+                inodes: l.entries as i64,
+            });
+        }
+        let fsd = self.snap_dir(r.id).join("fs");
+        if !fsd.exists() {
+            return Ok(Usage::default());
+        }
+        disk_usage(&fsd).map_err(internal(fsd.display()))
+    }
+
+    /// Removes snapshot directories no record names, and unmounts chain
+    /// images no active or view snapshot uses.
+    pub fn cleanup(&mut self) -> Result<(), SnapError> {
+        let ids: HashSet<u64> = self.meta.records().map(|r| r.id).collect();
+        for e in fs::read_dir(&self.dir).map_err(internal(self.dir.display()))? {
+            let e = e.map_err(internal(self.dir.display()))?;
+            let name = e.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.parse::<u64>().ok()) else {
+                continue;
+            };
+            if !ids.contains(&id) {
+                self.remove_dir(&e.path());
+            }
+        }
+        let chains = self.dir.join("chains");
+        for e in fs::read_dir(&chains).map_err(internal(chains.display()))? {
+            let e = e.map_err(internal(chains.display()))?;
+            let img = e.file_name().to_string_lossy().into_owned();
+            self.release_chain(&img);
+        }
+        // Refs of committed snapshots whose record is gone.
+        let live: HashSet<String> = self
+            .meta
+            .records()
+            .filter_map(|r| r.layer.as_ref().map(|l| l.ref_name.clone()))
+            .chain(
+                self.committing
+                    .values()
+                    .map(|id| format!("{REF_PREFIX}{id}")),
+            )
+            .collect();
+        let refs = self
+            .store
+            .list_refs()
+            .map_err(|e| SnapError::Internal(format!("listing refs: {e}")))?;
+        for (name, _) in refs {
+            if name.starts_with(REF_PREFIX) && !live.contains(&name) {
+                let _ = self.store.remove_ref(&name);
+            }
+        }
+        Ok(())
+    }
+
+    /// The chain mount points under `chains/`, and whether each is mounted.
+    pub fn chain_mounts(&self) -> BTreeMap<String, bool> {
+        let mut m = BTreeMap::new();
+        if let Ok(rd) = fs::read_dir(self.dir.join("chains")) {
+            for e in rd.flatten() {
+                m.insert(
+                    e.file_name().to_string_lossy().into_owned(),
+                    is_mountpoint(&e.path()),
+                );
+            }
+        }
+        m
+    }
+}
+
+fn to_ts(t: Time) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.sec,
+        nanos: t.nsec as i32,
+    }
+}
+
+fn to_info(r: &Record) -> proto::Info {
+    proto::Info {
+        name: r.key.clone(),
+        parent: r.parent.clone().unwrap_or_default(),
+        kind: match r.kind {
+            Kind::Active => proto::Kind::Active,
+            Kind::View => proto::Kind::View,
+            Kind::Committed => proto::Kind::Committed,
+        } as i32,
+        created_at: Some(to_ts(r.created)),
+        updated_at: Some(to_ts(r.updated)),
+        labels: r.labels.clone().into_iter().collect(),
+    }
+}
+
+/// Whether `p` is the root of a mount (its device differs from its parent's).
+fn is_mountpoint(p: &Path) -> bool {
+    let (Ok(a), Some(Ok(b))) = (
+        fs::symlink_metadata(p),
+        p.parent().map(fs::symlink_metadata),
+    ) else {
+        return false;
+    };
+    a.dev() != b.dev() || a.ino() == b.ino()
+}
+
+/// Bytes (allocated blocks) and inodes under `root`, each inode counted
+/// once, as containerd's overlayfs snapshotter counts them.
+fn disk_usage(root: &Path) -> io::Result<Usage> {
+    let mut seen = HashSet::new();
+    let mut u = Usage::default();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let md = fs::symlink_metadata(&p)?;
+        if seen.insert((md.dev(), md.ino())) {
+            u.inodes += 1;
+            u.size += (md.blocks() * 512) as i64;
+        }
+        if md.is_dir() {
+            for e in fs::read_dir(&p)? {
+                stack.push(e?.path());
+            }
+        }
+    }
+    Ok(u)
+}
+
+/// A commit's import, prepared by [`Snapshotter::begin_commit`].
+pub struct CommitPlan {
+    store: Arc<Store>,
+    fs: PathBuf,
+    ref_name: String,
+    name: String,
+    key: String,
+    labels: HashMap<String, String>,
+    record: Record,
+    parent_chain: Vec<String>,
+}
+
+impl CommitPlan {
+    /// Imports the snapshot's directory as a layer, assembles the chain
+    /// image and points the snapshot's ref at it, under the store's shared
+    /// lock from the first object to the ref (gc waits).
+    pub fn run(&self) -> Result<Committed, SnapError> {
+        let _lock = self
+            .store
+            .lock_shared()
+            .map_err(|e| SnapError::Internal(format!("locking the store: {e}")))?;
+        let c = commit_dir(&self.store, &self.fs, &self.parent_chain)
+            .map_err(|e| SnapError::Internal(format!("committing {:?}: {e}", self.key)))?;
+        self.store
+            .set_ref(&self.ref_name, &c.image)
+            .map_err(|e| SnapError::Internal(format!("ref {}: {e}", self.ref_name)))?;
+        Ok(c)
+    }
+}
+
+/// Commit as the server runs it: checked and recorded with the
+/// snapshotter locked, imported without the lock, so that other calls
+/// (another image's commit included) go on meanwhile.
+pub fn commit(
+    s: &Mutex<Snapshotter>,
+    name: &str,
+    key: &str,
+    labels: HashMap<String, String>,
+) -> Result<(), SnapError> {
+    let lock = || s.lock().unwrap_or_else(|p| p.into_inner());
+    let plan = lock().begin_commit(name, key, labels)?;
+    let done = plan.run();
+    lock().finish_commit(plan, done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parts of the protocol that need no mount: a parentless
+    /// snapshot, its commit into the store, and the error kinds.
+    #[test]
+    fn parentless_commit_and_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Snapshotter::open(d.path()).unwrap();
+        assert!(matches!(
+            Snapshotter::open(d.path()),
+            Err(SnapError::Internal(m)) if m.contains("another snapshotter")
+        ));
+        let m = s.prepare("a", "", HashMap::new()).unwrap();
+        assert_eq!(m[0].r#type, "bind");
+        assert!(matches!(
+            s.prepare("a", "", HashMap::new()),
+            Err(SnapError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            s.prepare("b", "nope", HashMap::new()),
+            Err(SnapError::NotFound(_))
+        ));
+        assert!(matches!(
+            s.prepare("b", "a", HashMap::new()),
+            Err(SnapError::InvalidArgument(_))
+        ));
+        let fs_dir = PathBuf::from(&m[0].source);
+        fs::write(fs_dir.join("hello"), vec![b'x'; 4096]).unwrap();
+        fs::create_dir(fs_dir.join("etc")).unwrap();
+        fs::write(fs_dir.join("etc/small"), b"hi\n").unwrap();
+        let u = s.usage("a").unwrap();
+        assert!(u.inodes >= 4 && u.size >= 4096, "{u:?}");
+        assert!(matches!(
+            s.commit("c", "nope", HashMap::new()),
+            Err(SnapError::NotFound(_))
+        ));
+        s.commit("c", "a", HashMap::from([("l".into(), "1".into())]))
+            .unwrap();
+        assert!(matches!(s.info("a"), Err(SnapError::NotFound(_))));
+        let info = s.info("c").unwrap();
+        assert_eq!(info.kind, proto::Kind::Committed as i32);
+        assert_eq!(info.labels["l"], "1");
+        assert!(!fs_dir.exists());
+        assert!(matches!(
+            s.mounts("c"),
+            Err(SnapError::FailedPrecondition(_))
+        ));
+        assert!(matches!(
+            s.commit("c2", "c", HashMap::new()),
+            Err(SnapError::FailedPrecondition(_))
+        ));
+        let rec = s.meta.get("c").unwrap().clone();
+        let layer = rec.layer.unwrap();
+        assert_eq!(layer.chain, vec![layer.diff_id.clone()]);
+        assert!(s.store.has_image(&layer.image));
+        assert_eq!(
+            s.store.get_ref(&layer.ref_name).unwrap().as_deref(),
+            Some(layer.image.as_str())
+        );
+        assert_eq!(s.usage("c").unwrap().inodes, layer.entries as i64);
+        // Labels: one, then all.
+        let mut i = s.info("c").unwrap();
+        i.labels = HashMap::from([("m".into(), "2".into())]);
+        let got = s.update(i.clone(), &["labels.m".into()]).unwrap();
+        assert_eq!(got.labels.len(), 2);
+        let got = s.update(i.clone(), &[]).unwrap();
+        assert_eq!(got.labels.len(), 1);
+        assert!(matches!(
+            s.update(i, &["parent".into()]),
+            Err(SnapError::InvalidArgument(_))
+        ));
+        assert_eq!(s.list().len(), 1);
+        // Survives a restart.
+        drop(s);
+        let mut s = Snapshotter::open(d.path()).unwrap();
+        assert_eq!(s.info("c").unwrap().labels["m"], "2");
+        // Cleanup removes a directory no record names; Remove the ref.
+        fs::create_dir_all(d.path().join("snapshots/999/fs")).unwrap();
+        s.cleanup().unwrap();
+        assert!(!d.path().join("snapshots/999").exists());
+        s.remove("c").unwrap();
+        assert!(s.store.get_ref(&layer.ref_name).unwrap().is_none());
+        assert!(matches!(s.remove("c"), Err(SnapError::NotFound(_))));
+    }
+}
