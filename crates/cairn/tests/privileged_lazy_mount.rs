@@ -171,6 +171,15 @@ fn privileged_lazy_mount_fetches_on_first_read_and_its_server_goes_with_the_moun
         "{err}"
     );
 
+    // Nor does it run.
+    let out = cairn_out(&b, &["run", &reference, "/bin/true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "ran an incomplete image");
+    assert!(
+        err.contains("incomplete") && err.contains("cairn fetch"),
+        "{err}"
+    );
+
     let before = objects_in(&b);
     let full = mount(&a, &reference, &dir.path().join("mnt-a"));
     let report = cairn_ok(

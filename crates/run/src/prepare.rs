@@ -293,7 +293,18 @@ fn open_image(paths: &Paths, spec: &RunSpec) -> Result<Image, RunError> {
             paths.root().display()
         )));
     };
-    let config = match store.image_record(&digest)? {
+    let record = store.image_record(&digest)?;
+    // Pulled with `--lazy` and not yet fetched: overlayfs would fail the
+    // reads of every file whose object is missing, in the middle of the
+    // container's work.
+    if let Some(lazy) = record.as_ref().and_then(|r| r.lazy.as_ref()) {
+        return Err(RunError::Invalid(format!(
+            "image {} is incomplete (pulled with --lazy, {} objects in all): `cairn fetch {}` \
+             fetches the rest before it can run (or `cairn mount --lazy` mounts it as it is)",
+            spec.image, lazy.objects, spec.image
+        )));
+    }
+    let config = match record {
         Some(rec) => ImageConfig::parse(&rec.config).map_err(RunError::Invalid)?,
         None => ImageConfig::fallback(),
     };
