@@ -90,6 +90,11 @@ pub struct RunArgs {
     /// Remove the container's record when it exits (foreground containers always go).
     #[arg(long)]
     rm: bool,
+    /// For an image pulled with --lazy: start it now, fetching each missing file from the registry when it is first opened (a server process serves the files until the container's rootfs is gone). A complete image runs as usual.
+    #[arg(long)]
+    lazy: bool,
+    #[command(flatten)]
+    client: crate::remote_cmds::ClientArgs,
     /// A name for the container.
     #[arg(long)]
     name: Option<String>,
@@ -443,12 +448,53 @@ fn spec_of(args: &RunArgs) -> Result<RunSpec> {
         tty: args.tty,
         detach: args.detach,
         remove: args.rm,
+        data_layer: None,
     })
 }
 
+/// For `--lazy` and an incomplete image: its FUSE data layer, served by a
+/// process of its own (started now, while this process has one thread).
+fn lazy_layer(
+    g: &Global,
+    args: &RunArgs,
+    spec: &mut RunSpec,
+) -> Result<Option<crate::lazy_mount::LazyLayer>> {
+    if !args.lazy {
+        return Ok(None);
+    }
+    if args.listen.is_some() {
+        bail!("--lazy and --listen together are not supported yet");
+    }
+    let store = cairn_store::Store::open(&g.root)
+        .with_context(|| format!("opening the store at {}", g.root.display()))?;
+    let digest = {
+        let _lock = store.lock_shared().context("locking the store")?;
+        store
+            .resolve_image(&args.image)
+            .with_context(|| format!("resolving image {}", args.image))?
+            .digest
+    };
+    let Some(digest) = digest else {
+        return Ok(None);
+    };
+    let incomplete = store
+        .image_record(&digest)
+        .ok()
+        .flatten()
+        .is_some_and(|r| r.lazy.is_some());
+    if !incomplete {
+        tracing::info!("image {} is complete: run from the store", args.image);
+        return Ok(None);
+    }
+    let layer = crate::lazy_mount::LazyLayer::start(store.root(), &digest, &args.client.options())?;
+    spec.data_layer = Some(layer.path().to_path_buf());
+    Ok(Some(layer))
+}
+
 fn run_container(g: &Global, args: &RunArgs) -> Result<()> {
-    let result = spec_of(args).and_then(|spec| {
+    let result = spec_of(args).and_then(|mut spec| {
         let p = paths(g);
+        let lazy = lazy_layer(g, args, &mut spec)?;
         if let Some((host, container_port)) = args.listen {
             if !spec.detach {
                 bail!("--listen needs -d: the proxy runs in the background");
@@ -475,6 +521,11 @@ fn run_container(g: &Global, args: &RunArgs) -> Result<()> {
         }
         if spec.detach {
             let started = cairn_run::start_detached(&p, &spec)?;
+            // The rootfs stands on the layer now: its server serves until
+            // the rootfs is gone.
+            if let Some(layer) = lazy {
+                layer.attached()?;
+            }
             if g.json {
                 output(g, &started, |_| String::new())?;
             } else {
@@ -488,6 +539,9 @@ fn run_container(g: &Global, args: &RunArgs) -> Result<()> {
         } else {
             let keep = spec.keep;
             let code = cairn_run::run_foreground(&p, &spec)?;
+            if let Some(layer) = lazy {
+                layer.attached()?;
+            }
             if keep {
                 eprintln!(
                     "cairn: kept the upper layer under {} (remove it with `cairn container rm`)",

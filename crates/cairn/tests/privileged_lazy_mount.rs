@@ -239,3 +239,125 @@ fn privileged_lazy_mount_fetches_on_first_read_and_its_server_goes_with_the_moun
     assert!(left.is_empty(), "left in lazy/: {left:?}");
     drop(full);
 }
+
+fn sha256_hex(d: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(d)))
+}
+
+/// Pushes a two-layer image that can run (Debian's static busybox) and
+/// holds data files, some of which the test never reads; returns its
+/// reference.
+fn push_runnable(reg: &LocalRegistry, repo: &str) -> String {
+    use support::images::{random_bytes, text, Tar};
+    let gzip = |tar: Vec<u8>| {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &tar).unwrap();
+        let blob = gz.finish().unwrap();
+        (sha256_hex(&blob), sha256_hex(&tar), blob)
+    };
+    let mut t = Tar::default();
+    t.dir("busybox").file_mode(
+        "busybox/busybox",
+        &fs::read("/bin/busybox").expect("/bin/busybox (busybox-static)"),
+        0o755,
+    );
+    t.dir("tmp");
+    let base = gzip(t.finish());
+    let mut t = Tar::default();
+    t.dir("data")
+        .file("data/read-me.txt", &text(5_000, 1))
+        .file("data/read-me.bin", &random_bytes(300_000, 2))
+        .file("data/never-read.bin", &random_bytes(2_000_000, 3));
+    for i in 0..40u64 {
+        t.file(
+            &format!("data/unread-{i:02}.txt"),
+            &text(2_000 + i as usize, 100 + i),
+        );
+    }
+    let data = gzip(t.finish());
+    let layers = [base, data];
+    for (d, _, b) in &layers {
+        assert_eq!(&reg.push_blob(repo, b), d);
+    }
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": ["PATH=/busybox"]},
+        "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| l.1.clone()).collect::<Vec<_>>()},
+    }))
+    .unwrap();
+    let cd = reg.push_blob(repo, &config);
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": config.len()},
+        "layers": layers.iter().map(|(d, _, b)| serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": d, "size": b.len()})).collect::<Vec<_>>(),
+    }))
+    .unwrap();
+    reg.push_manifest(
+        repo,
+        "1",
+        "application/vnd.oci.image.manifest.v1+json",
+        &manifest,
+    );
+    reg.reference(&format!("{repo}:1"))
+}
+
+#[test]
+fn privileged_lazy_run_prints_what_a_full_pull_prints_and_fetches_only_what_it_reads() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let reference = push_runnable(&reg, "lazy/run");
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-lazy-run")
+        .tempdir()
+        .unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    cairn_ok(&a, &["pull", "-q", &reference]);
+    cairn_ok(
+        &a,
+        &["push", "-q", &reference, &reg.reference("lazy/run:1-lazy")],
+    );
+    cairn_ok(&b, &["pull", "-q", "--lazy", "--no-prefetch", &reference]);
+    let command = [
+        "/busybox/busybox",
+        "sha256sum",
+        "/data/read-me.txt",
+        "/data/read-me.bin",
+    ];
+    let mut full_args = vec!["run", reference.as_str()];
+    full_args.extend(command);
+    let full = cairn_ok(&a, &full_args);
+    let total = objects_in(&a);
+    let mut lazy_args = vec!["run", "--lazy", reference.as_str()];
+    lazy_args.extend(command);
+    let lazy = cairn_ok(&b, &lazy_args);
+    assert_eq!(lazy, full);
+    assert!(full.contains("/data/read-me.bin"), "{full}");
+    // What ran was fetched (busybox and the two files), not the rest.
+    let fetched = objects_in(&b);
+    assert!(
+        (3..total).contains(&fetched),
+        "{fetched} of {total} objects fetched"
+    );
+    // The server goes when the container's rootfs does.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let left: Vec<_> = fs::read_dir(b.join("lazy"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left in lazy/: {left:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mountinfo.contains("cairn-lazy:"), "{mountinfo}");
+}

@@ -86,6 +86,10 @@ pub struct RunSpec {
     /// `--rm`: also remove a detached container's record when it exits
     /// (a foreground container's record always goes).
     pub remove: bool,
+    /// The overlay's data-only layer instead of the store's `objects/`: an
+    /// incomplete image's FUSE layer (`cairn run --lazy`), served by a
+    /// process the caller started.
+    pub data_layer: Option<PathBuf>,
 }
 
 /// A container ready for crun: what the monitor needs.
@@ -224,7 +228,8 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
     c.data_and_name(spec).map_err(|e| c.fail(e))?;
     let idmap = c.userns(spec).map_err(|e| c.fail(e))?;
     let upper = c.upper(spec).map_err(|e| c.fail(e))?;
-    let (bundle, mount) = mount_rootfs(paths, &image, upper, idmap).map_err(|e| c.fail(e))?;
+    let (bundle, mount) = mount_rootfs(paths, &image, upper, idmap, spec.data_layer.as_deref())
+        .map_err(|e| c.fail(e))?;
     let process =
         resolve_process(spec, &image.config, mount.as_fd(), &c.st.id).map_err(|e| c.fail(e))?;
     let etc = etc_files(&bundle, spec.network, &process.hostname).map_err(|e| c.fail(e))?;
@@ -297,10 +302,14 @@ fn open_image(paths: &Paths, spec: &RunSpec) -> Result<Image, RunError> {
     // Pulled with `--lazy` and not yet fetched: overlayfs would fail the
     // reads of every file whose object is missing, in the middle of the
     // container's work.
-    if let Some(lazy) = record.as_ref().and_then(|r| r.lazy.as_ref()) {
+    if let Some(lazy) = record
+        .as_ref()
+        .and_then(|r| r.lazy.as_ref())
+        .filter(|_| spec.data_layer.is_none())
+    {
         return Err(RunError::Invalid(format!(
             "image {} is incomplete (pulled with --lazy, {} objects in all): `cairn fetch {}` \
-             fetches the rest before it can run (or `cairn mount --lazy` mounts it as it is)",
+             fetches the rest, or `cairn run --lazy` fetches each file when it is first read",
             spec.image, lazy.objects, spec.image
         )));
     }
@@ -511,11 +520,12 @@ fn mount_rootfs(
     image: &Image,
     upper: UpperSpec,
     idmap: Option<IdMap>,
+    data_layer: Option<&Path>,
 ) -> Result<(Bundle, PreparedMount), RunError> {
     let bundle = Bundle::new(paths)?;
     let rootfs = bundle.path().join("rootfs");
     let image_path = image.store.image_path(&image.digest);
-    let objects = image.store.objects_dir();
+    let objects = data_layer.map_or_else(|| image.store.objects_dir(), Path::to_path_buf);
     let mount = cairn_mount::prepare_image(&MountOptions {
         image: &image_path,
         objects: &objects,
