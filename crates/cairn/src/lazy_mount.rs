@@ -21,6 +21,14 @@
 //!    the kernel ends the connection, which it does when the overlay is
 //!    unmounted (`cairn umount`, `umount`, anything): then it exits.
 //!
+//! Once serving, the server fetches the rest of the image in the
+//! background (`--lazy-fetch background`, the default): the artifact's
+//! prefetch list first, then every object in pack order, through the
+//! layer's own fetcher (so an open of an object being fetched joins that
+//! fetch, and opens never queue behind it), `BACKGROUND_JOBS` at a time.
+//! A failure is logged and retried with backoff; when every object is
+//! local the image is marked complete, as `cairn fetch` does.
+//!
 //! The server's log is `<store>/lazy/<name>.log`, removed when it exits
 //! after serving without a failed fetch. The server holds no store lock
 //! between fetches (each fetch takes it shared, as every writer does), so
@@ -32,27 +40,119 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use cairn_fuse::{FetchError, ObjectSource, ServeOptions};
 use cairn_remote::RemoteObjects;
 use cairn_store::{ObjectId, Store};
 
-/// The image's lazy artifact as the FUSE layer's source of objects.
-struct RemoteSource(RemoteObjects);
+/// What is fetched besides what is opened.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum LazyFetch {
+    /// Fetch the rest of the image in the background once serving.
+    #[default]
+    Background,
+    /// Fetch only what is opened (with its neighbours).
+    OnDemand,
+}
+
+/// The options of `--lazy` (mount and run).
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct LazyArgs {
+    /// With --lazy: fetch the rest of the image in the background once serving (prefetch list first, then pack order), or only what is opened.
+    #[arg(long, value_enum, default_value = "background")]
+    pub lazy_fetch: LazyFetch,
+    /// With --lazy: an open of a missing file fails with EIO after this long without its data (e.g. 30s, 500ms, 2m; a bare number is seconds).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub fetch_timeout: Duration,
+    /// With --lazy: a missing file is fetched together with the missing files after it in its pack, in one request of at most this many bytes (e.g. 1M, 256K; 0: alone).
+    #[arg(long, default_value = "1M", value_parser = parse_bytes)]
+    pub coalesce: u64,
+}
+
+impl Default for LazyArgs {
+    fn default() -> Self {
+        LazyArgs {
+            lazy_fetch: LazyFetch::Background,
+            fetch_timeout: Duration::from_secs(30),
+            coalesce: cairn_remote::DEFAULT_COALESCE,
+        }
+    }
+}
+
+/// A byte count: a plain number, or one with K, M or G.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) => Ok(n),
+        Err(_) => crate::parse_size(s),
+    }
+}
+
+/// `30s`, `500ms`, `2m`, `1h`, or a number of seconds.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(at) => s.split_at(at),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (like 30s, 500ms, 2m)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 {
+        return Err(format!("{s:?}: a duration from 1ms to 24h"));
+    }
+    Ok(Duration::from_secs_f64(secs.max(0.001)))
+}
+
+/// Background fetches in flight at once (each one range request, or a
+/// chunked object's requests one after another).
+const BACKGROUND_JOBS: usize = 2;
+
+/// The image's lazy artifact as the FUSE layer's source of objects: one
+/// object streamed whole, or a run of neighbours of one pack in one range
+/// request of at most `coalesce` bytes.
+struct RemoteSource {
+    remote: RemoteObjects,
+    coalesce: u64,
+}
 
 impl ObjectSource for RemoteSource {
     fn size(&self, id: &ObjectId) -> Option<u64> {
-        self.0.size(id)
+        self.remote.size(id)
     }
 
     fn fetch(&self, id: &ObjectId, out: &mut dyn Write) -> Result<(), FetchError> {
-        self.0
+        self.remote
             .fetch(id, out)
             .map(|_| ())
             .map_err(|e| FetchError::Other(e.to_string()))
+    }
+
+    fn group(&self, store: &Store, id: &ObjectId) -> Vec<ObjectId> {
+        if self.coalesce == 0 {
+            return vec![*id];
+        }
+        self.remote
+            .neighbours(store, id, self.coalesce)
+            .unwrap_or_else(|_| vec![*id])
+    }
+
+    fn publish_group(&self, store: &Store, group: &[ObjectId]) -> Option<Result<(), FetchError>> {
+        Some(
+            self.remote
+                .publish_group(store, group)
+                .map_err(|e| FetchError::Other(e.to_string())),
+        )
     }
 }
 
@@ -73,6 +173,7 @@ impl LazyLayer {
         root: &Path,
         digest: &str,
         client: &cairn_oci::ClientOptions,
+        lazy: &LazyArgs,
     ) -> Result<LazyLayer> {
         let store = Store::open(root)
             .with_context(|| format!("opening the store at {}", root.display()))?;
@@ -80,6 +181,7 @@ impl LazyLayer {
         // this command's error, not a line in the server's log.
         let remote = RemoteObjects::open(&store, digest, client)
             .with_context(|| format!("opening the lazy source of image {digest}"))?;
+        let lazy_args = lazy;
         let lazy = store.root().join("lazy");
         fs::DirBuilder::new()
             .mode(0o700)
@@ -131,6 +233,10 @@ impl LazyLayer {
                 &dir,
                 &log_path,
                 digest,
+                Settings {
+                    lazy: lazy_args.clone(),
+                    client: client.clone(),
+                },
                 Detached { devnull, log },
                 fs::File::from(ready_w),
                 fs::File::from(attached_r),
@@ -200,6 +306,12 @@ struct Detached {
     log: fs::File,
 }
 
+/// What the server was asked to do.
+struct Settings {
+    lazy: LazyArgs,
+    client: cairn_oci::ClientOptions,
+}
+
 /// The server process: returns its exit status.
 #[allow(clippy::too_many_arguments)]
 fn server(
@@ -208,6 +320,7 @@ fn server(
     dir: &Path,
     log_path: &Path,
     digest: &str,
+    settings: Settings,
     streams: Detached,
     mut ready: fs::File,
     mut attached: fs::File,
@@ -224,14 +337,16 @@ fn server(
     drop(streams);
     let options = ServeOptions {
         source_name: format!("cairn-lazy:{digest}"),
+        fetch_timeout: settings.lazy.fetch_timeout,
+        max_background_fetches: BACKGROUND_JOBS,
         ..ServeOptions::default()
     };
-    let mount = match cairn_fuse::serve(
-        Arc::new(store),
-        Arc::new(RemoteSource(remote)),
-        dir,
-        options,
-    ) {
+    let store = Arc::new(store);
+    let source = Arc::new(RemoteSource {
+        remote,
+        coalesce: settings.lazy.coalesce,
+    });
+    let mount = match cairn_fuse::serve(store.clone(), source.clone(), dir, options) {
         Ok(m) => m,
         Err(e) => {
             let _ = write!(ready, "error: {e}");
@@ -245,6 +360,16 @@ fn server(
     let told = matches!(attached.read(&mut told), Ok(1));
     drop(attached);
     let result = if told {
+        if settings.lazy.lazy_fetch == LazyFetch::Background {
+            let bg = mount.background();
+            let owned = digest.to_owned();
+            let spawned = std::thread::Builder::new()
+                .name("cairn-background".into())
+                .spawn(move || background(&store, &source, &bg, &owned, &settings.client));
+            if let Err(e) = spawned {
+                eprintln!("cairn lazy layer for image {digest}: no background fetch: {e}");
+            }
+        }
         let r = mount.detach_and_serve();
         let _ = fs::remove_dir(dir);
         r
@@ -266,6 +391,105 @@ fn server(
             eprintln!("cairn lazy layer for image {digest}: {e}");
             1
         }
+    }
+}
+
+/// The background fetch: every object of the image into the store, the
+/// prefetch list first, then pack order, `BACKGROUND_JOBS` at a time
+/// through the layer's fetcher; then the image is marked complete. An
+/// object that fails is retried with backoff (1 s doubling to 60 s), up
+/// to `ATTEMPTS` times; the image then stays incomplete. Stops when the
+/// layer goes away.
+fn background(
+    store: &Arc<Store>,
+    source: &Arc<RemoteSource>,
+    bg: &cairn_fuse::Background,
+    digest: &str,
+    client: &cairn_oci::ClientOptions,
+) {
+    const ATTEMPTS: u32 = 8;
+    let mut order = match source.remote.prefetch_list() {
+        Ok(list) => list,
+        Err(e) => {
+            eprintln!(
+                "cairn lazy layer for image {digest}: the prefetch list: {e}; going on without it"
+            );
+            Vec::new()
+        }
+    };
+    let mut seen: std::collections::HashSet<ObjectId> = order.iter().copied().collect();
+    for id in source.remote.pack_order() {
+        if seen.insert(id) {
+            order.push(id);
+        }
+    }
+    drop(seen);
+    let next = AtomicUsize::new(0);
+    let given_up = AtomicUsize::new(0);
+    let job = || loop {
+        if bg.stopped() {
+            return;
+        }
+        let Some(id) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
+            return;
+        };
+        let mut wait = Duration::from_secs(1);
+        for attempt in 1..=ATTEMPTS {
+            if store.has_object(id) || bg.stopped() {
+                break;
+            }
+            match bg.fetch(id) {
+                Ok(()) => break,
+                Err(e) if bg.stopped() => {
+                    let _ = e;
+                    return;
+                }
+                Err(e) => {
+                    eprintln!(
+                        "cairn lazy layer for image {digest}: background fetch of object {id} \
+                         (attempt {attempt} of {ATTEMPTS}): {e}"
+                    );
+                    if attempt == ATTEMPTS {
+                        given_up.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        std::thread::sleep(wait);
+                        wait = (wait * 2).min(Duration::from_secs(60));
+                    }
+                }
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..BACKGROUND_JOBS {
+            s.spawn(job);
+        }
+        job();
+    });
+    if bg.stopped() {
+        return;
+    }
+    let missing = order.iter().filter(|id| !store.has_object(id)).count();
+    if missing > 0 {
+        eprintln!(
+            "cairn lazy layer for image {digest}: background fetch done; {missing} objects still \
+             missing ({} given up on); the image stays incomplete",
+            given_up.load(Ordering::Relaxed)
+        );
+        return;
+    }
+    // Every object is local: `cairn fetch` finds nothing to fetch, checks
+    // that under the store's rules, and marks the image complete.
+    let opts = cairn_remote::FetchOptions {
+        client: client.clone(),
+        ..cairn_remote::FetchOptions::default()
+    };
+    match cairn_remote::fetch_image(store, digest, &opts) {
+        Ok(r) => eprintln!(
+            "cairn lazy layer for image {digest}: every object is local; the image is complete \
+             ({} fetched at the end)",
+            r.fetched_objects
+        ),
+        Err(e) => eprintln!("cairn lazy layer for image {digest}: marking the image complete: {e}"),
     }
 }
 

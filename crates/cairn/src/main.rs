@@ -149,6 +149,8 @@ struct MountArgs {
     #[arg(long)]
     lazy: bool,
     #[command(flatten)]
+    lazy_args: lazy_mount::LazyArgs,
+    #[command(flatten)]
     client: remote_cmds::ClientArgs,
 }
 
@@ -358,8 +360,12 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
             .flatten()
             .is_some_and(|r| r.lazy.is_some());
         if incomplete {
-            let layer =
-                lazy_mount::LazyLayer::start(store.root(), &digest, &args.client.options())?;
+            let layer = lazy_mount::LazyLayer::start(
+                store.root(),
+                &digest,
+                &args.client.options(),
+                &args.lazy_args,
+            )?;
             Some((digest, layer))
         } else {
             tracing::info!("image {} is complete: mounted from the store", args.image);

@@ -94,6 +94,8 @@ pub struct RunArgs {
     #[arg(long)]
     lazy: bool,
     #[command(flatten)]
+    lazy_args: crate::lazy_mount::LazyArgs,
+    #[command(flatten)]
     client: crate::remote_cmds::ClientArgs,
     /// A name for the container.
     #[arg(long)]
@@ -486,7 +488,12 @@ fn lazy_layer(
         tracing::info!("image {} is complete: run from the store", args.image);
         return Ok(None);
     }
-    let layer = crate::lazy_mount::LazyLayer::start(store.root(), &digest, &args.client.options())?;
+    let layer = crate::lazy_mount::LazyLayer::start(
+        store.root(),
+        &digest,
+        &args.client.options(),
+        &args.lazy_args,
+    )?;
     spec.data_layer = Some(layer.path().to_path_buf());
     Ok(Some(layer))
 }

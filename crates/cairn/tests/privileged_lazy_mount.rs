@@ -11,6 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use support::images::ImageSet;
+use support::proxy::SlowProxy;
 use support::registry::LocalRegistry;
 use support::{cairn_ok, cairn_out};
 
@@ -188,6 +189,8 @@ fn privileged_lazy_mount_fetches_on_first_read_and_its_server_goes_with_the_moun
             Path::new("mount"),
             Path::new("--json"),
             Path::new("--lazy"),
+            Path::new("--lazy-fetch"),
+            Path::new("on-demand"),
             Path::new(&reference),
             &target,
         ],
@@ -331,7 +334,15 @@ fn privileged_lazy_run_prints_what_a_full_pull_prints_and_fetches_only_what_it_r
     full_args.extend(command);
     let full = cairn_ok(&a, &full_args);
     let total = objects_in(&a);
-    let mut lazy_args = vec!["run", "--lazy", reference.as_str()];
+    let mut lazy_args = vec![
+        "run",
+        "--lazy",
+        "--lazy-fetch",
+        "on-demand",
+        "--coalesce",
+        "0",
+        reference.as_str(),
+    ];
     lazy_args.extend(command);
     let lazy = cairn_ok(&b, &lazy_args);
     assert_eq!(lazy, full);
@@ -360,4 +371,195 @@ fn privileged_lazy_run_prints_what_a_full_pull_prints_and_fetches_only_what_it_r
     }
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mountinfo.contains("cairn-lazy:"), "{mountinfo}");
+}
+
+/// A store with `push_runnable`'s image pulled whole into `a` and pushed
+/// as an artifact, and pulled lazily (no prefetch) into `b` through
+/// `via` (the registry itself, or a proxy in front of it).
+struct Lazy {
+    dir: tempfile::TempDir,
+    a: PathBuf,
+    b: PathBuf,
+    /// The reference `b` pulled.
+    reference: String,
+}
+
+fn lazy_setup(reg: &LocalRegistry, repo: &str, via: Option<&str>) -> Lazy {
+    let reference = push_runnable(reg, repo);
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-lazy-fetch")
+        .tempdir()
+        .unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    cairn_ok(&a, &["pull", "-q", &reference]);
+    cairn_ok(
+        &a,
+        &[
+            "push",
+            "-q",
+            &reference,
+            &reg.reference(&format!("{repo}:1-lazy")),
+        ],
+    );
+    let reference = match via {
+        Some(addr) => format!("{addr}/{repo}:1"),
+        None => reference,
+    };
+    cairn_ok(&b, &["pull", "-q", "--lazy", "--no-prefetch", &reference]);
+    Lazy {
+        dir,
+        a,
+        b,
+        reference,
+    }
+}
+
+fn lazy_mount(l: &Lazy, name: &str, extra: &[&str]) -> Mounted {
+    let target = l.dir.path().join(name);
+    fs::create_dir_all(&target).unwrap();
+    let mut args: Vec<&Path> = vec![Path::new("mount"), Path::new("--lazy")];
+    args.extend(extra.iter().map(Path::new));
+    args.push(Path::new(&l.reference));
+    args.push(&target);
+    cairn_ok(&l.b, &args);
+    Mounted {
+        root: l.b.clone(),
+        target,
+    }
+}
+
+#[test]
+fn privileged_lazy_open_fetches_its_neighbours_in_one_go() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let l = lazy_setup(&reg, "lazy/neighbours", None);
+    let full = mount(&l.a, &l.reference, &l.dir.path().join("mnt-a"));
+
+    // --coalesce 0: an open fetches its own object and nothing else.
+    let alone = lazy_mount(
+        &l,
+        "alone",
+        &["--lazy-fetch", "on-demand", "--coalesce", "0"],
+    );
+    let before = objects_in(&l.b);
+    let file = "data/unread-05.txt";
+    assert_eq!(
+        fs::read(alone.target.join(file)).unwrap(),
+        fs::read(full.target.join(file)).unwrap()
+    );
+    assert_eq!(objects_in(&l.b), before + 1, "--coalesce 0 fetched more");
+    drop(alone);
+
+    // The default (1 MiB): the objects after it in its pack come along,
+    // each checked, and later opens of them are served from the store.
+    let near = lazy_mount(&l, "near", &["--lazy-fetch", "on-demand"]);
+    let before = objects_in(&l.b);
+    let file = "data/unread-20.txt";
+    assert_eq!(
+        fs::read(near.target.join(file)).unwrap(),
+        fs::read(full.target.join(file)).unwrap()
+    );
+    let after = objects_in(&l.b);
+    assert!(
+        after > before + 1,
+        "one open fetched {} objects, no neighbours",
+        after - before
+    );
+    // Everything reads as the full pull's, and nothing fetched is wrong.
+    let (ta, tb) = (tree(&full.target), tree(&near.target));
+    assert!(ta == tb, "the lazy tree differs from the full pull's");
+    drop(near);
+    support::assert_fsck_clean(&l.b, "after fetching with neighbours");
+    drop(full);
+}
+
+#[test]
+fn privileged_lazy_mount_fetches_the_rest_in_the_background_and_completes_the_image() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let l = lazy_setup(&reg, "lazy/background", None);
+    let total = objects_in(&l.a);
+    assert_eq!(objects_in(&l.b), 0);
+    // Nothing is read: the server fetches the whole image by itself.
+    let lazy = lazy_mount(&l, "mnt-b", &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let lazy_indexes = |root: &Path| {
+        fs::read_dir(root.join("images"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".lazy-index")
+            })
+            .count()
+    };
+    while lazy_indexes(&l.b) != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background fetch did not complete the image: {} of {total} objects local",
+            objects_in(&l.b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(objects_in(&l.b), total);
+    // Complete: it mounts from the store without --lazy, and both mounts
+    // read as the full pull.
+    let full = mount(&l.a, &l.reference, &l.dir.path().join("mnt-a"));
+    let plain = mount(&l.b, &l.reference, &l.dir.path().join("mnt-plain"));
+    let ta = tree(&full.target);
+    assert!(ta == tree(&plain.target), "the completed image differs");
+    assert!(ta == tree(&lazy.target), "the lazy mount differs");
+    drop(plain);
+    drop(lazy);
+    support::assert_fsck_clean(&l.b, "after the background fetch");
+    drop(full);
+}
+
+#[test]
+fn privileged_lazy_read_fails_with_eio_while_the_registry_stalls_and_works_after() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let proxy = SlowProxy::start(&reg.addr, 16 << 10);
+    let l = lazy_setup(&reg, "lazy/stall", Some(&proxy.addr));
+    let full = mount(
+        &l.a,
+        &l.reference.replace(&proxy.addr, &reg.addr),
+        &l.dir.path().join("mnt-a"),
+    );
+    let lazy = lazy_mount(
+        &l,
+        "mnt-b",
+        &[
+            "--lazy-fetch",
+            "on-demand",
+            "--coalesce",
+            "0",
+            "--fetch-timeout",
+            "2s",
+        ],
+    );
+    let (local, missing) = ("data/read-me.txt", "data/unread-07.txt");
+    let want_local = fs::read(full.target.join(local)).unwrap();
+    let want_missing = fs::read(full.target.join(missing)).unwrap();
+    assert_eq!(fs::read(lazy.target.join(local)).unwrap(), want_local);
+
+    proxy.pause();
+    let start = std::time::Instant::now();
+    let err = fs::read(lazy.target.join(missing))
+        .expect_err("read missing data through a stalled registry");
+    let took = start.elapsed();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        took >= std::time::Duration::from_millis(1500) && took < std::time::Duration::from_secs(10),
+        "the read failed after {took:?}, not about 2s"
+    );
+    // Local data is served meanwhile.
+    assert_eq!(fs::read(lazy.target.join(local)).unwrap(), want_local);
+
+    proxy.resume();
+    assert_eq!(fs::read(lazy.target.join(missing)).unwrap(), want_missing);
+    drop(lazy);
+    drop(full);
 }

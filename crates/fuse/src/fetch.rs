@@ -25,6 +25,17 @@
 //! source that blocks without writing keeps its thread and its slot until
 //! it returns: such threads can never be more than `max_fetches`.
 //!
+//! A source may fetch an object together with its *neighbours* (the
+//! objects that follow it in its pack, [`ObjectSource::group`]): the
+//! flight is then entered in the table under each of them, so an open of
+//! a neighbour joins it instead of fetching again, and each waiter is
+//! answered by whether *its* object is in the store afterwards.
+//!
+//! *Background* flights ([`Fetcher::background`]) have no open waiting:
+//! they queue behind every open's flight, run in at most
+//! `max_background` of the slots, and get a deadline only when they start
+//! (or when an open joins one, which also moves it to the front queue).
+//!
 //! Threads: one timer and at most `max_fetches` fetch threads. Memory: one
 //! flight (about 100 bytes, plus one boxed waiter per waiting open) per
 //! object being fetched; the data goes to disk, never into a buffer here.
@@ -46,20 +57,36 @@ pub(crate) type Waiter = Box<dyn FnOnce(Result<(), String>) + Send>;
 struct Flight {
     id: ObjectId,
     size: u64,
-    deadline: Instant,
+    /// Set when the flight starts, or when an open waits for it; `None`
+    /// for a background flight still queued (it never expires there).
+    deadline: Mutex<Option<Instant>>,
     abandoned: AtomicBool,
-    /// `None` once completed: the waiters have run.
-    waiters: Mutex<Option<Vec<Waiter>>>,
+    /// No open waits for it (yet): it queues behind every open's flight.
+    background: AtomicBool,
+    /// `None` once completed: the waiters have run. Each waits for the
+    /// object named with it (the flight's own, or a neighbour).
+    waiters: Mutex<Option<Vec<(ObjectId, Waiter)>>>,
+}
+
+impl Flight {
+    fn deadline(&self) -> Option<Instant> {
+        *self.deadline.lock().expect("flight lock")
+    }
 }
 
 #[derive(Default)]
 struct State {
-    /// The flight of each object being fetched (queued or running).
+    /// The flight of each object being fetched (queued or running); a
+    /// flight that fetches neighbours is here under each of them.
     inflight: HashMap<ObjectId, Arc<Flight>>,
-    /// Flights waiting for a slot, oldest first.
+    /// Flights of opens waiting for a slot, oldest first.
     queue: VecDeque<Arc<Flight>>,
+    /// Background flights waiting for a slot, oldest first.
+    bg_queue: VecDeque<Arc<Flight>>,
     /// Fetch threads alive, abandoned ones still in the source included.
     running: usize,
+    /// Of those, the ones started for a background flight.
+    running_bg: usize,
     stop: bool,
 }
 
@@ -70,6 +97,10 @@ pub(crate) struct FetchCounters {
     pub published: AtomicU64,
     pub failed: AtomicU64,
     pub timed_out: AtomicU64,
+    /// Background flights started.
+    pub background: AtomicU64,
+    /// Objects published as neighbours of the object a flight was for.
+    pub neighbours: AtomicU64,
 }
 
 /// The fetches of one server.
@@ -78,6 +109,7 @@ pub(crate) struct Fetcher {
     source: Arc<dyn ObjectSource>,
     timeout: Duration,
     max_fetches: usize,
+    max_background: usize,
     state: Mutex<State>,
     /// Wakes the timer: a new deadline, or stop.
     timer_wake: Condvar,
@@ -92,12 +124,15 @@ impl Fetcher {
         source: Arc<dyn ObjectSource>,
         timeout: Duration,
         max_fetches: usize,
+        max_background: usize,
     ) -> io::Result<Arc<Fetcher>> {
+        let max_fetches = max_fetches.max(1);
         let f = Arc::new(Fetcher {
             store,
             source,
             timeout,
-            max_fetches: max_fetches.max(1),
+            max_fetches,
+            max_background: max_background.clamp(1, max_fetches),
             state: Mutex::new(State::default()),
             timer_wake: Condvar::new(),
             counters: FetchCounters::default(),
@@ -113,14 +148,34 @@ impl Fetcher {
         self.timeout
     }
 
+    pub fn stopped(&self) -> bool {
+        self.state.lock().expect("fetch state lock").stop
+    }
+
     pub fn source(&self) -> &dyn ObjectSource {
         &*self.source
     }
 
-    /// Stops the timer; flights still running complete on their own.
+    /// Stops the timer and refuses new background flights; queued
+    /// background flights fail; flights still running complete on their
+    /// own.
     pub fn shutdown(&self) {
-        self.state.lock().expect("fetch state lock").stop = true;
+        let dropped: Vec<Arc<Flight>> = {
+            let mut state = self.state.lock().expect("fetch state lock");
+            state.stop = true;
+            let dropped: Vec<Arc<Flight>> = state.bg_queue.drain(..).collect();
+            for f in &dropped {
+                f.abandoned.store(true, Ordering::SeqCst);
+            }
+            state
+                .inflight
+                .retain(|_, f| !f.abandoned.load(Ordering::SeqCst));
+            dropped
+        };
         self.timer_wake.notify_all();
+        for f in dropped {
+            self.complete(&f, Err("the layer is going away".to_string()));
+        }
     }
 
     /// Runs `waiter` once `id` (of `size` bytes) is in the store, or with
@@ -128,31 +183,83 @@ impl Fetcher {
     /// at once, on this thread, if the object is there already; otherwise
     /// later, on a fetch thread or the timer.
     pub fn when_present(self: &Arc<Self>, id: &ObjectId, size: u64, waiter: Waiter) {
+        self.submit(id, size, waiter, false);
+    }
+
+    /// Fetches `id` (of `size` bytes) in the background: behind every
+    /// open's flight, in at most `max_background` slots, with no deadline
+    /// until it starts. `done` runs as a waiter's would. Joins the flight
+    /// already fetching `id`, if any. Fails at once after
+    /// [`shutdown`](Self::shutdown).
+    pub fn background(self: &Arc<Self>, id: &ObjectId, size: u64, done: Waiter) {
+        self.submit(id, size, done, true);
+    }
+
+    fn submit(self: &Arc<Self>, id: &ObjectId, size: u64, waiter: Waiter, background: bool) {
         if self.store.has_object(id) {
             return waiter(Ok(()));
         }
         let mut state = self.state.lock().expect("fetch state lock");
-        if let Some(f) = state.inflight.get(id) {
+        if background && state.stop {
+            drop(state);
+            return waiter(Err("the layer is going away".to_string()));
+        }
+        if let Some(f) = state.inflight.get(id).cloned() {
             // Completion takes a flight out of the table (under this lock)
             // before it takes the waiters: one in the table takes more.
             let mut waiters = f.waiters.lock().expect("flight lock");
             if let Some(w) = waiters.as_mut() {
-                w.push(waiter);
+                w.push((*id, waiter));
+                drop(waiters);
+                if !background && f.background.swap(false, Ordering::SeqCst) {
+                    // An open waits for it now: its deadline runs, and it
+                    // goes to the front queue if it has not started.
+                    f.deadline
+                        .lock()
+                        .expect("flight lock")
+                        .get_or_insert_with(|| Instant::now() + self.timeout);
+                    if let Some(at) = state.bg_queue.iter().position(|q| Arc::ptr_eq(q, &f)) {
+                        state.bg_queue.remove(at);
+                        if state.running < self.max_fetches {
+                            state.running += 1;
+                            drop(state);
+                            self.spawn(f, false);
+                        } else {
+                            state.queue.push_back(f);
+                            drop(state);
+                        }
+                    } else {
+                        drop(state);
+                    }
+                    self.timer_wake.notify_all();
+                }
                 return;
             }
         }
         let flight = Arc::new(Flight {
             id: *id,
             size,
-            deadline: Instant::now() + self.timeout,
+            deadline: Mutex::new((!background).then(|| Instant::now() + self.timeout)),
             abandoned: AtomicBool::new(false),
-            waiters: Mutex::new(Some(vec![waiter])),
+            background: AtomicBool::new(background),
+            waiters: Mutex::new(Some(vec![(*id, waiter)])),
         });
         state.inflight.insert(*id, flight.clone());
+        if background {
+            if state.running < self.max_fetches && state.running_bg < self.max_background {
+                state.running += 1;
+                state.running_bg += 1;
+                drop(state);
+                self.spawn(flight, true);
+            } else {
+                state.bg_queue.push_back(flight);
+            }
+            return;
+        }
         if state.running < self.max_fetches {
             state.running += 1;
             drop(state);
-            self.spawn(flight);
+            self.spawn(flight, false);
         } else {
             state.queue.push_back(flight);
             drop(state);
@@ -160,43 +267,63 @@ impl Fetcher {
         self.timer_wake.notify_all();
     }
 
-    /// Starts a fetch thread for `flight` (its slot already counted).
-    fn spawn(self: &Arc<Self>, flight: Arc<Flight>) {
+    /// Starts a fetch thread for `flight` (its slot already counted, as a
+    /// background slot if `bg`).
+    fn spawn(self: &Arc<Self>, flight: Arc<Flight>, bg: bool) {
         self.counters.started.fetch_add(1, Ordering::Relaxed);
+        if bg {
+            self.counters.background.fetch_add(1, Ordering::Relaxed);
+        }
         let me = self.clone();
         let f = flight.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("cairn-fetch-{}", &flight.id.to_hex()[..8]))
             .spawn(move || {
                 me.run(&f);
-                me.slot_done();
+                me.slot_done(bg);
             });
         if let Err(e) = spawned {
             let reason = format!("fetching object {}: starting a thread: {e}", flight.id);
             tracing::warn!(object = %flight.id, "{reason}");
             self.complete(&flight, Err(reason));
-            self.slot_done();
+            self.slot_done(bg);
         }
     }
 
-    /// A fetch thread ends: its slot goes to the oldest queued flight that
-    /// is still wanted.
-    fn slot_done(self: &Arc<Self>) {
+    /// A fetch thread ends: its slot goes to the oldest queued flight of
+    /// an open that is still wanted, else to the oldest background flight
+    /// (if background flights may have another slot).
+    fn slot_done(self: &Arc<Self>, bg: bool) {
         let next = {
             let mut state = self.state.lock().expect("fetch state lock");
+            state.running -= 1;
+            if bg {
+                state.running_bg -= 1;
+            }
             let next = loop {
                 match state.queue.pop_front() {
                     Some(f) if f.abandoned.load(Ordering::SeqCst) => continue,
-                    other => break other,
+                    Some(f) => break Some((f, false)),
+                    None => break None,
                 }
             };
-            if next.is_none() {
-                state.running -= 1;
+            let next = next.or_else(|| {
+                if state.running_bg < self.max_background && !state.stop {
+                    state.bg_queue.pop_front().map(|f| (f, true))
+                } else {
+                    None
+                }
+            });
+            if let Some((_, b)) = &next {
+                state.running += 1;
+                if *b {
+                    state.running_bg += 1;
+                }
             }
             next
         };
-        if let Some(f) = next {
-            self.spawn(f);
+        if let Some((f, b)) = next {
+            self.spawn(f, b);
         }
     }
 
@@ -207,7 +334,13 @@ impl Fetcher {
             // Expired while queued: the timer ran its waiters.
             return;
         }
-        let outcome = self.fetch_and_publish(&id, flight.size, &flight.abandoned);
+        flight
+            .deadline
+            .lock()
+            .expect("flight lock")
+            .get_or_insert_with(|| Instant::now() + self.timeout);
+        self.timer_wake.notify_all();
+        let outcome = self.fetch_and_publish(flight);
         match &outcome {
             Ok(()) => {
                 self.counters.published.fetch_add(1, Ordering::Relaxed);
@@ -220,32 +353,34 @@ impl Fetcher {
         self.complete(flight, outcome);
     }
 
-    /// Takes `flight` out of the table (if it is still there), then runs
-    /// its waiters with `outcome`, unless they ran already.
+    /// Takes `flight` out of the table (under each object it is there
+    /// for), then runs its waiters with `outcome`, unless they ran
+    /// already: a waiter for a neighbour that is not in the store after
+    /// all gets an error.
     fn complete(&self, flight: &Arc<Flight>, outcome: Result<(), String>) {
         {
             let mut state = self.state.lock().expect("fetch state lock");
-            if state
-                .inflight
-                .get(&flight.id)
-                .is_some_and(|f| Arc::ptr_eq(f, flight))
-            {
-                state.inflight.remove(&flight.id);
-            }
+            state.inflight.retain(|_, f| !Arc::ptr_eq(f, flight));
         }
         let waiters = flight.waiters.lock().expect("flight lock").take();
-        for w in waiters.into_iter().flatten() {
-            w(outcome.clone());
+        for (id, w) in waiters.into_iter().flatten() {
+            let outcome = match &outcome {
+                Ok(()) if id != flight.id && !self.store.has_object(&id) => Err(format!(
+                    "object {id} was not published by the fetch of {} with its neighbours",
+                    flight.id
+                )),
+                o => o.clone(),
+            };
+            w(outcome);
         }
     }
 
-    /// The flight's work: fetch into a staged file, verify, publish.
-    fn fetch_and_publish(
-        &self,
-        id: &ObjectId,
-        size: u64,
-        abandoned: &AtomicBool,
-    ) -> Result<(), String> {
+    /// The flight's work: the object with its neighbours, published by
+    /// the source into the store (which names each file by its own
+    /// digest); or the object alone, fetched into a staged file, verified,
+    /// published.
+    fn fetch_and_publish(&self, flight: &Arc<Flight>) -> Result<(), String> {
+        let (id, size, abandoned) = (&flight.id, flight.size, &flight.abandoned);
         let store = &*self.store;
         // Shared, as every writer holds it: gc cannot run while we publish.
         let _lock = store
@@ -253,6 +388,41 @@ impl Fetcher {
             .map_err(|e| format!("fetching object {id}: {e}"))?;
         if store.has_object(id) {
             return Ok(());
+        }
+        let mut group = self.source.group(store, id);
+        if group.first() != Some(id) {
+            group = vec![*id];
+        }
+        if group.len() > 1 {
+            // Enter the flight under each neighbour no other flight has,
+            // up to the first one that has one (the group must stay one
+            // run of its pack).
+            let mut state = self.state.lock().expect("fetch state lock");
+            let keep = group[1..]
+                .iter()
+                .position(|n| state.inflight.contains_key(n) || store.has_object(n))
+                .map_or(group.len(), |p| p + 1);
+            group.truncate(keep);
+            if !abandoned.load(Ordering::SeqCst) {
+                for n in &group[1..] {
+                    state.inflight.insert(*n, flight.clone());
+                }
+            }
+        }
+        if group.len() > 1 {
+            if let Some(r) = self.source.publish_group(store, &group) {
+                r.map_err(|e| format!("fetching object {id} with its neighbours: {e}"))?;
+                if !store.has_object(id) {
+                    return Err(format!(
+                        "fetching object {id} with its neighbours: the source did not publish it"
+                    ));
+                }
+                let n = group[1..].iter().filter(|n| store.has_object(n)).count();
+                self.counters
+                    .neighbours
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                return Ok(());
+            }
         }
         let stager = store
             .stage_object()
@@ -308,19 +478,21 @@ fn timer(fetcher: Weak<Fetcher>) {
                 return;
             }
             let now = Instant::now();
-            let expired: Vec<Arc<Flight>> = state
-                .inflight
-                .values()
-                .filter(|fl| fl.deadline <= now)
-                .cloned()
-                .collect();
+            let mut expired: Vec<Arc<Flight>> = Vec::new();
+            for fl in state.inflight.values() {
+                if fl.deadline().is_some_and(|d| d <= now)
+                    && !expired.iter().any(|e| Arc::ptr_eq(e, fl))
+                {
+                    expired.push(fl.clone());
+                }
+            }
             if expired.is_empty() {
                 // Sleep to the next deadline (or a while, to notice the
                 // fetcher going away), unless woken by a new flight.
                 let next = state
                     .inflight
                     .values()
-                    .map(|fl| fl.deadline)
+                    .filter_map(|fl| fl.deadline())
                     .min()
                     .map_or(Duration::from_secs(1), |d| {
                         d.saturating_duration_since(now).min(Duration::from_secs(1))
@@ -334,8 +506,10 @@ fn timer(fetcher: Weak<Fetcher>) {
             }
             for fl in &expired {
                 fl.abandoned.store(true, Ordering::SeqCst);
-                state.inflight.remove(&fl.id);
             }
+            state
+                .inflight
+                .retain(|_, fl| !fl.abandoned.load(Ordering::SeqCst));
             state
                 .queue
                 .retain(|fl| !fl.abandoned.load(Ordering::SeqCst));

@@ -83,6 +83,30 @@ pub trait ObjectSource: Send + Sync {
     /// once more than [`size`](Self::size) bytes were written; the source
     /// should then stop.
     fn fetch(&self, id: &ObjectId, out: &mut dyn io::Write) -> Result<(), FetchError>;
+
+    /// The objects to fetch together with `id` when it is missing (its
+    /// read amplification): `id` first, then neighbours that are likely
+    /// read soon and not in `store` yet. The server may shorten the list
+    /// (it drops a neighbour that another fetch is bringing, and all after
+    /// it) and fetches it with [`publish_group`](Self::publish_group).
+    /// Default: `id` alone. Called on a fetch thread, under the store lock
+    /// (shared); no network.
+    fn group(&self, _store: &Store, id: &ObjectId) -> Vec<ObjectId> {
+        vec![*id]
+    }
+
+    /// Fetches `group` (a prefix of what [`group`](Self::group) gave, at
+    /// least two objects) and publishes each object into `store` with the
+    /// store's staging ([`Store::stage_object`] and
+    /// [`Store::publish_staged`], which name a file by the digest of its
+    /// bytes, so nothing is stored under a name it does not hash to). The
+    /// server holds the store lock shared. An open of any of them waits
+    /// for this call and is answered by whether its object is in the store
+    /// afterwards. `None` (the default): not supported; the server fetches
+    /// `group[0]` alone with [`fetch`](Self::fetch).
+    fn publish_group(&self, _store: &Store, _group: &[ObjectId]) -> Option<Result<(), FetchError>> {
+        None
+    }
 }
 
 /// A source with nothing: every object must be in the store.
@@ -120,6 +144,9 @@ pub struct ServeOptions {
     pub fetch_timeout: Duration,
     /// Fetches running at once (threads; each holds no buffer of its own).
     pub max_fetches: usize,
+    /// Of those, at most this many for background fetches
+    /// ([`FuseMount::background`]); the rest stay free for opens.
+    pub max_background_fetches: usize,
     /// Objects the kernel may hold at once (inodes it looked up and has not
     /// forgotten); a lookup past it fails with `ENFILE`.
     pub max_nodes: usize,
@@ -137,6 +164,7 @@ impl Default for ServeOptions {
             workers: 4,
             fetch_timeout: Duration::from_secs(60),
             max_fetches: 16,
+            max_background_fetches: 2,
             max_nodes: 1 << 20,
             source_name: "cairn".into(),
             passthrough: true,
@@ -179,7 +207,54 @@ pub struct Stats {
     pub fetches_published: u64,
     pub fetches_failed: u64,
     pub fetches_timed_out: u64,
+    /// Background fetches started ([`FuseMount::background`]).
+    pub fetches_background: u64,
+    /// Objects published as neighbours of the object a fetch was for.
+    pub neighbours_published: u64,
     pub bad_messages: u64,
+}
+
+/// Fetches objects into the store through a served layer's fetcher, behind
+/// every open: a background flight waits while opens' flights queue, runs
+/// in at most [`ServeOptions::max_background_fetches`] slots, and is
+/// joined (and moved to the front) by an open of its object.
+#[derive(Clone)]
+pub struct Background {
+    fetcher: Arc<Fetcher>,
+}
+
+impl std::fmt::Debug for Background {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Background").finish()
+    }
+}
+
+impl Background {
+    /// Fetches `id` (with its neighbours, as an open would) and waits until
+    /// it is in the store, or fails (the source does not have it, the
+    /// fetch failed or passed its deadline, the layer is going away).
+    pub fn fetch(&self, id: &ObjectId) -> Result<(), String> {
+        let size = self
+            .fetcher
+            .source()
+            .size(id)
+            .ok_or_else(|| format!("the source does not have object {id}"))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.fetcher.background(
+            id,
+            size,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.recv()
+            .unwrap_or_else(|_| Err(format!("fetching object {id}: the fetch went away")))
+    }
+
+    /// Whether the layer is going away (unmounted): fetch no more.
+    pub fn stopped(&self) -> bool {
+        self.fetcher.stopped()
+    }
 }
 
 /// A mounted, served FUSE data layer. [`unmount`](Self::unmount) it; if it
@@ -266,7 +341,17 @@ impl FuseMount {
             fetches_published: f.published.load(Ordering::Relaxed),
             fetches_failed: f.failed.load(Ordering::Relaxed),
             fetches_timed_out: f.timed_out.load(Ordering::Relaxed),
+            fetches_background: f.background.load(Ordering::Relaxed),
+            neighbours_published: f.neighbours.load(Ordering::Relaxed),
             bad_messages: c.bad_messages.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A handle that fetches objects in the background, for as long as
+    /// the layer is served.
+    pub fn background(&self) -> Background {
+        Background {
+            fetcher: self.server.fetcher.clone(),
         }
     }
 
@@ -396,6 +481,7 @@ pub fn serve(
         source,
         options.fetch_timeout,
         options.max_fetches,
+        options.max_background_fetches,
     )
     .map_err(FuseError::Spawn)?;
     dev::mount(devfd.as_fd(), &target, &options.source_name).map_err(|error| FuseError::Mount {
@@ -451,6 +537,7 @@ pub fn take_over(
         source,
         options.fetch_timeout,
         options.max_fetches,
+        options.max_background_fetches,
     )
     .map_err(FuseError::Spawn)?;
     let server = Arc::new(Server::new(

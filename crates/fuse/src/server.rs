@@ -693,6 +693,7 @@ mod tests {
             Arc::new(crate::NoSource),
             std::time::Duration::from_secs(1),
             2,
+            1,
         )
         .unwrap();
         let dev: OwnedFd = std::fs::OpenOptions::new()

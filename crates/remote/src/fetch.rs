@@ -46,6 +46,8 @@ pub struct RemoteObjects {
     repo: String,
     index: Index,
     packs: Vec<Blob>,
+    /// The artifact's prefetch list, if it has one.
+    prefetch: Option<Blob>,
     image: String,
     /// The single-frame objects in pack order, made on first use.
     by_position: std::sync::OnceLock<Vec<(ObjectId, Frame)>>,
@@ -115,6 +117,7 @@ impl RemoteObjects {
             repo: lazy.repository,
             index,
             packs: a.packs,
+            prefetch: a.prefetch,
             image: image_digest.to_string(),
             by_position: std::sync::OnceLock::new(),
         })
@@ -268,26 +271,29 @@ impl RemoteObjects {
         id: &ObjectId,
         coalesce: u64,
     ) -> Result<Vec<ObjectId>, RemoteError> {
+        let group = self.neighbours(store, id, coalesce)?;
+        self.publish_group(store, &group)?;
+        Ok(group)
+    }
+
+    /// The objects [`publish_with_neighbours`](Self::publish_with_neighbours)
+    /// would fetch for `id`: `id` first, then the single-frame objects that
+    /// follow it in its pack, are not in the store, lie at most 64 KiB
+    /// apart, and end within `coalesce` bytes of `id`'s start. Just `id`
+    /// when it is chunked. No network.
+    pub fn neighbours(
+        &self,
+        store: &Store,
+        id: &ObjectId,
+        coalesce: u64,
+    ) -> Result<Vec<ObjectId>, RemoteError> {
         let Some(e) = self.index.get(id) else {
-            return Err(RemoteError::invalid(
-                format!("object index of image {}", self.image),
-                format!("object {id} is not in it"),
-            ));
+            return Err(self.not_listed(id));
         };
         if e.is_chunked() {
-            self.publish(store, id)?;
             return Ok(vec![*id]);
         }
-        let list = self.by_position.get_or_init(|| {
-            let mut v: Vec<(ObjectId, Frame)> = self
-                .index
-                .entries()
-                .filter(|e| !e.is_chunked())
-                .map(|e| (e.id, e.frames[0]))
-                .collect();
-            v.sort_by_key(|(_, f)| (f.pack, f.offset));
-            v
-        });
+        let list = self.by_position();
         let first = e.frames[0];
         let at = list.partition_point(|(_, f)| (f.pack, f.offset) < (first.pack, first.offset));
         let mut end = at + 1;
@@ -305,10 +311,124 @@ impl RemoteObjects {
             }
             end += 1;
         }
-        let group = &list[at..end];
-        let staged = self.stage_group(store, group)?;
-        store.publish_staged(staged)?;
-        Ok(group.iter().map(|(id, _)| *id).collect())
+        Ok(list[at..end].iter().map(|(id, _)| *id).collect())
+    }
+
+    /// Fetches `group` into the store: one object (chunked or not), or
+    /// single-frame objects of one pack in offset order (as
+    /// [`neighbours`](Self::neighbours) gives them, or a prefix of that),
+    /// fetched with one range request. Each object is checked against its
+    /// fs-verity digest before it is staged; all are published, or none.
+    /// The caller holds the store lock shared, as every writer does.
+    pub fn publish_group(&self, store: &Store, group: &[ObjectId]) -> Result<(), RemoteError> {
+        match group {
+            [] => Ok(()),
+            [one] => self.publish(store, one).map(|_| ()),
+            _ => {
+                let mut frames = Vec::with_capacity(group.len());
+                for id in group {
+                    let e = self.index.get(id).ok_or_else(|| self.not_listed(id))?;
+                    let f = e.frames[0];
+                    if e.is_chunked() {
+                        return Err(RemoteError::invalid(
+                            format!("a group of objects of image {}", self.image),
+                            format!("object {id} is chunked; it is fetched alone"),
+                        ));
+                    }
+                    if let Some((_, prev)) = frames.last() {
+                        let prev: &Frame = prev;
+                        let prev_end = prev.offset + prev.compressed;
+                        if f.pack != prev.pack
+                            || f.offset < prev_end
+                            || f.offset - prev_end > MAX_GAP
+                        {
+                            return Err(RemoteError::invalid(
+                                format!("a group of objects of image {}", self.image),
+                                format!(
+                                    "object {id} does not follow the one before it in its pack"
+                                ),
+                            ));
+                        }
+                    }
+                    frames.push((*id, f));
+                }
+                let staged = self.stage_group(store, &frames)?;
+                store.publish_staged(staged)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Every object of the index in pack order (a chunked object at its
+    /// first chunk): the order a background fetch reads the packs in.
+    pub fn pack_order(&self) -> Vec<ObjectId> {
+        let mut v: Vec<(u32, u64, ObjectId)> = self
+            .index
+            .entries()
+            .map(|e| (e.frames[0].pack, e.frames[0].offset, e.id))
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, _, id)| id).collect()
+    }
+
+    /// The artifact's prefetch list (objects to fetch first), fetched and
+    /// checked against its digest; empty when the artifact has none. Ids
+    /// the index does not list are left out (the list is a hint).
+    pub fn prefetch_list(&self) -> Result<Vec<ObjectId>, RemoteError> {
+        let Some(list) = &self.prefetch else {
+            return Ok(Vec::new());
+        };
+        let what = format!("prefetch list {} of image {}", list.digest, self.image);
+        if list.size > crate::lazy::MAX_PREFETCH {
+            return Err(RemoteError::invalid(
+                &what,
+                format!(
+                    "{} bytes, more than {}",
+                    list.size,
+                    crate::lazy::MAX_PREFETCH
+                ),
+            ));
+        }
+        let bytes = self.reg.fetch_blob_bytes(
+            &self.repo,
+            &list.digest,
+            cairn_oci::client::BodySize::Exactly(list.size),
+            &what,
+        )?;
+        if Digest::of(&bytes) != list.digest {
+            return Err(RemoteError::invalid(&what, "does not hash to its digest"));
+        }
+        if bytes.len() % 32 != 0 {
+            return Err(RemoteError::invalid(
+                &what,
+                format!("{} bytes, not a whole number of 32-byte ids", bytes.len()),
+            ));
+        }
+        Ok(bytes
+            .chunks_exact(32)
+            .map(|raw| ObjectId(raw.try_into().expect("32 bytes")))
+            .filter(|id| self.index.size(id).is_some())
+            .collect())
+    }
+
+    fn not_listed(&self, id: &ObjectId) -> RemoteError {
+        RemoteError::invalid(
+            format!("object index of image {}", self.image),
+            format!("object {id} is not in it"),
+        )
+    }
+
+    fn by_position(&self) -> &[(ObjectId, Frame)] {
+        self.by_position.get_or_init(|| {
+            let mut v: Vec<(ObjectId, Frame)> = self
+                .index
+                .entries()
+                .filter(|e| !e.is_chunked())
+                .map(|e| (e.id, e.frames[0]))
+                .collect();
+            v.sort_by_key(|(_, f)| (f.pack, f.offset));
+            v
+        })
     }
 
     /// Stages object `id`, fetched and checked, for publication.

@@ -52,7 +52,7 @@ impl Default for LazyPullOptions {
 }
 
 /// The largest prefetch list read (32 bytes an object).
-const MAX_PREFETCH: u64 = 32 << 20;
+pub(crate) const MAX_PREFETCH: u64 = 32 << 20;
 
 /// What a lazy pull did.
 #[derive(Debug, Clone, Serialize)]

@@ -32,6 +32,6 @@ pub mod push;
 
 pub use error::RemoteError;
 
-pub use fetch::{fetch_image, FetchOptions, FetchReport, RemoteObjects};
+pub use fetch::{fetch_image, FetchOptions, FetchReport, RemoteObjects, DEFAULT_COALESCE};
 pub use lazy::{pull_lazy, LazyPullOptions, LazyPullReport};
 pub use push::{push, PushOptions, PushReport};
