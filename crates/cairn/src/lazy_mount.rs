@@ -71,6 +71,9 @@ pub(crate) struct LazyArgs {
     /// With --lazy: a missing file is fetched together with the missing files after it in its pack, in one request of at most this many bytes (e.g. 1M, 256K; 0: alone).
     #[arg(long, default_value = "1M", value_parser = parse_bytes)]
     pub coalesce: u64,
+    /// With --lazy: when the layer goes away (the container exited, the mount is gone), write the paths of the files that were opened, in first-open order, one a line, to FILE (for `cairn push --prefetch FILE`).
+    #[arg(long, value_name = "FILE")]
+    pub record_prefetch: Option<PathBuf>,
 }
 
 impl Default for LazyArgs {
@@ -79,6 +82,7 @@ impl Default for LazyArgs {
             lazy_fetch: LazyFetch::Background,
             fetch_timeout: Duration::from_secs(30),
             coalesce: cairn_remote::DEFAULT_COALESCE,
+            record_prefetch: None,
         }
     }
 }
@@ -181,7 +185,14 @@ impl LazyLayer {
         // this command's error, not a line in the server's log.
         let remote = RemoteObjects::open(&store, digest, client)
             .with_context(|| format!("opening the lazy source of image {digest}"))?;
-        let lazy_args = lazy;
+        let mut lazy_args = lazy.clone();
+        if let Some(f) = &lazy_args.record_prefetch {
+            // The server may run anywhere: an absolute path.
+            lazy_args.record_prefetch = Some(
+                std::path::absolute(f)
+                    .with_context(|| format!("the prefetch list path {}", f.display()))?,
+            );
+        }
         let lazy = store.root().join("lazy");
         fs::DirBuilder::new()
             .mode(0o700)
@@ -234,7 +245,7 @@ impl LazyLayer {
                 &log_path,
                 digest,
                 Settings {
-                    lazy: lazy_args.clone(),
+                    lazy: lazy_args,
                     client: client.clone(),
                 },
                 Detached { devnull, log },
@@ -339,9 +350,11 @@ fn server(
         source_name: format!("cairn-lazy:{digest}"),
         fetch_timeout: settings.lazy.fetch_timeout,
         max_background_fetches: BACKGROUND_JOBS,
+        record_opens: settings.lazy.record_prefetch.is_some(),
         ..ServeOptions::default()
     };
     let store = Arc::new(store);
+    let store_for_record = store.clone();
     let source = Arc::new(RemoteSource {
         remote,
         coalesce: settings.lazy.coalesce,
@@ -359,6 +372,8 @@ fn server(
     let mut told = [0u8; 1];
     let told = matches!(attached.read(&mut told), Ok(1));
     drop(attached);
+    let open_log = mount.open_log();
+    let record = settings.lazy.record_prefetch.clone();
     let result = if told {
         if settings.lazy.lazy_fetch == LazyFetch::Background {
             let bg = mount.background();
@@ -379,6 +394,15 @@ fn server(
         let _ = fs::remove_dir(dir);
         r
     };
+    if let (Some(file), true) = (&record, told) {
+        match write_prefetch(&store_for_record, digest, &open_log.objects(), file) {
+            Ok(n) => eprintln!(
+                "cairn lazy layer for image {digest}: {n} opened paths written to {}",
+                file.display()
+            ),
+            Err(e) => eprintln!("cairn lazy layer for image {digest}: {e:#}"),
+        }
+    }
     match result {
         Ok(stats) => {
             eprintln!("cairn lazy layer for image {digest}: done: {stats:?}");
@@ -392,6 +416,38 @@ fn server(
             1
         }
     }
+}
+
+/// Writes the paths of `opened` (objects, in first-open order) to `file`,
+/// one a line, each the first path in the image backed by that object;
+/// atomically (a temporary file renamed over it). Returns how many.
+fn write_prefetch(store: &Store, digest: &str, opened: &[ObjectId], file: &Path) -> Result<usize> {
+    let contents = store
+        .image_contents(digest)
+        .with_context(|| format!("reading image {digest} to name the opened files"))?;
+    let mut out = Vec::new();
+    let mut n = 0;
+    for id in opened {
+        // A path with a newline cannot be a line of the list.
+        let Some(u) = contents
+            .objects
+            .get(id)
+            .filter(|u| !u.path.contains(&b'\n'))
+        else {
+            continue;
+        };
+        if !u.path.starts_with(b"/") {
+            out.push(b'/');
+        }
+        out.extend_from_slice(&u.path);
+        out.push(b'\n');
+        n += 1;
+    }
+    let tmp = file.with_extension("cairn-tmp");
+    fs::write(&tmp, &out).with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, file)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), file.display()))?;
+    Ok(n)
 }
 
 /// The background fetch: every object of the image into the store, the

@@ -563,3 +563,52 @@ fn privileged_lazy_read_fails_with_eio_while_the_registry_stalls_and_works_after
     drop(lazy);
     drop(full);
 }
+
+#[test]
+fn privileged_lazy_run_records_the_files_it_opened_for_push_prefetch() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let l = lazy_setup(&reg, "lazy/record", None);
+    let list = l.dir.path().join("prefetch.txt");
+    let list_arg = list.to_str().unwrap();
+    let out = cairn_ok(
+        &l.b,
+        &[
+            "run",
+            "--lazy",
+            "--lazy-fetch",
+            "on-demand",
+            "--record-prefetch",
+            list_arg,
+            &l.reference,
+            "/busybox/busybox",
+            "cat",
+            "/data/read-me.txt",
+        ],
+    );
+    assert!(!out.is_empty());
+    // Written by the server when the container's rootfs goes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !list.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no prefetch list written"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let text = fs::read_to_string(&list).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines, ["/busybox/busybox", "/data/read-me.txt"], "{text}");
+    // push --prefetch takes it: the artifact lists those objects first.
+    cairn_ok(
+        &l.a,
+        &[
+            "push",
+            "-q",
+            "--prefetch",
+            list_arg,
+            &l.reference,
+            &reg.reference("lazy/record:1-prefetch"),
+        ],
+    );
+}

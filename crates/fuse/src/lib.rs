@@ -152,6 +152,9 @@ pub struct ServeOptions {
     pub max_nodes: usize,
     /// The mount's source, as mountinfo shows it (name the image served).
     pub source_name: String,
+    /// Record the objects opened, in first-open order
+    /// ([`FuseMount::open_log`]); at most `max_nodes` of them.
+    pub record_opens: bool,
     /// Use passthrough where the kernel offers it (the point of this
     /// crate). Off, every read is a READ served by cairn: for kernels or
     /// stores where passthrough misbehaves, and for tests of that path.
@@ -167,6 +170,7 @@ impl Default for ServeOptions {
             max_background_fetches: 2,
             max_nodes: 1 << 20,
             source_name: "cairn".into(),
+            record_opens: false,
             passthrough: true,
         }
     }
@@ -257,6 +261,31 @@ impl Background {
     }
 }
 
+/// The objects a layer's opens asked for ([`FuseMount::open_log`]).
+#[derive(Clone)]
+pub struct OpenLog {
+    server: Arc<Server>,
+}
+
+impl std::fmt::Debug for OpenLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenLog").finish()
+    }
+}
+
+impl OpenLog {
+    /// Each object opened, once, in the order of its first open.
+    pub fn objects(&self) -> Vec<ObjectId> {
+        self.server
+            .open_log
+            .lock()
+            .expect("open log lock")
+            .as_ref()
+            .map(|l| l.order.clone())
+            .unwrap_or_default()
+    }
+}
+
 /// A mounted, served FUSE data layer. [`unmount`](Self::unmount) it; if it
 /// is dropped instead, it is detached lazily and its workers serve until
 /// the last user (an overlay stacked on it) is gone.
@@ -344,6 +373,14 @@ impl FuseMount {
             fetches_background: f.background.load(Ordering::Relaxed),
             neighbours_published: f.neighbours.load(Ordering::Relaxed),
             bad_messages: c.bad_messages.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A handle on the objects opened so far, in first-open order (empty
+    /// unless [`ServeOptions::record_opens`]); it outlives the mount.
+    pub fn open_log(&self) -> OpenLog {
+        OpenLog {
+            server: self.server.clone(),
         }
     }
 
@@ -495,6 +532,9 @@ pub fn serve(
         options.max_nodes,
         options.workers,
     ));
+    if options.record_opens {
+        *server.open_log.lock().expect("open log lock") = Some(Default::default());
+    }
     let mut mount = FuseMount {
         target: target.clone(),
         server: server.clone(),

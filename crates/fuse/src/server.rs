@@ -91,6 +91,16 @@ pub(crate) struct Server {
     /// for them).
     pub pending_opens: AtomicUsize,
     pub counters: Counters,
+    /// Objects in the order of their first open, when recording
+    /// ([`crate::ServeOptions::record_opens`]); at most `max_nodes`.
+    pub open_log: Mutex<Option<OpenLog>>,
+}
+
+/// The objects opened, each once, in first-open order.
+#[derive(Default)]
+pub(crate) struct OpenLog {
+    pub seen: std::collections::HashSet<ObjectId>,
+    pub order: Vec<ObjectId>,
 }
 
 /// One object node, as handed to a successor.
@@ -206,6 +216,7 @@ impl Server {
             next_fh: AtomicU64::new(1),
             pending_opens: AtomicUsize::new(0),
             counters: Counters::default(),
+            open_log: Mutex::new(None),
         }
     }
 
@@ -515,6 +526,11 @@ impl Server {
                 }
             }
         };
+        if let Some(log) = self.open_log.lock().expect("open log lock").as_mut() {
+            if log.order.len() < self.max_nodes && log.seen.insert(id) {
+                log.order.push(id);
+            }
+        }
         let me = self.clone();
         self.pending_opens.fetch_add(1, Ordering::SeqCst);
         let waiter = Box::new(move |present: Result<(), String>| {
