@@ -838,3 +838,126 @@ fn staged_files(store: &Store) -> usize {
     }
     count(&store.tmp_dir())
 }
+
+/// A source that fetches a run of objects at once: `group(id)` is `id`
+/// and the objects after it in `order` that are not in the store;
+/// `publish_group` waits `delay`, then stages and publishes each. `fetch`
+/// (one object alone) waits `delay` too. Every call is counted.
+struct GroupSource {
+    order: Vec<(ObjectId, Vec<u8>)>,
+    delay: Duration,
+    groups: Mutex<Vec<Vec<ObjectId>>>,
+    fetches: Mutex<Vec<ObjectId>>,
+}
+
+impl ObjectSource for GroupSource {
+    fn size(&self, id: &ObjectId) -> Option<u64> {
+        self.order
+            .iter()
+            .find(|(o, _)| o == id)
+            .map(|(_, d)| d.len() as u64)
+    }
+
+    fn fetch(&self, id: &ObjectId, out: &mut dyn Write) -> Result<(), FetchError> {
+        self.fetches.lock().unwrap().push(*id);
+        std::thread::sleep(self.delay);
+        let (_, data) = self.order.iter().find(|(o, _)| o == id).unwrap();
+        out.write_all(data)?;
+        Ok(())
+    }
+
+    fn group(&self, store: &Store, id: &ObjectId) -> Vec<ObjectId> {
+        let at = self.order.iter().position(|(o, _)| o == id).unwrap();
+        let mut g = vec![*id];
+        g.extend(
+            self.order[at + 1..]
+                .iter()
+                .map(|(o, _)| *o)
+                .take_while(|o| !store.has_object(o)),
+        );
+        g
+    }
+
+    fn publish_group(&self, store: &Store, group: &[ObjectId]) -> Option<Result<(), FetchError>> {
+        self.groups.lock().unwrap().push(group.to_vec());
+        std::thread::sleep(self.delay);
+        let mut staged = Vec::new();
+        for id in group {
+            let (_, data) = self.order.iter().find(|(o, _)| o == id).unwrap();
+            let mut s = store.stage_object().unwrap();
+            s.write(data).unwrap();
+            staged.push(s.finish(store).unwrap());
+        }
+        store.publish_staged(staged).unwrap();
+        Some(Ok(()))
+    }
+}
+
+/// An open brings its neighbours in one `publish_group`; an open of a
+/// neighbour while that runs joins it (no second fetch); a background
+/// fetch is joined by an open of its object the same way.
+#[test]
+fn privileged_fuse_neighbours_and_background_share_one_fetch() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let files: Vec<Vec<u8>> = (0..5)
+            .map(|i| content(60 + i, 10_000 + i as usize))
+            .collect();
+        let source = Arc::new(GroupSource {
+            order: files.iter().map(|d| (id_of(d), d.clone())).collect(),
+            delay: Duration::from_millis(600),
+            groups: Mutex::new(Vec::new()),
+            fetches: Mutex::new(Vec::new()),
+        });
+        let names = ["f0", "f1", "f2", "f3", "f4"];
+        let image = fx.image(
+            &names
+                .iter()
+                .zip(&files)
+                .map(|(n, d)| (*n, d.as_slice()))
+                .collect::<Vec<_>>(),
+        );
+        // f3 and f4 are not neighbours of f0: make f3 local.
+        fx.store.import_bytes(&files[3]).unwrap();
+        let fuse = fx.serve(source.clone(), Duration::from_secs(10));
+        fx.mount_overlay(&image);
+
+        // f0's open fetches f0, f1, f2; f2's open, while that runs, joins.
+        let t0 = {
+            let p = fx.target.join("f0");
+            std::thread::spawn(move || fs::read(p).unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(fs::read(fx.target.join("f2")).unwrap(), files[2]);
+        assert_eq!(t0.join().unwrap(), files[0]);
+        assert_eq!(fs::read(fx.target.join("f1")).unwrap(), files[1]);
+        assert_eq!(
+            *source.groups.lock().unwrap(),
+            vec![files[..3].iter().map(|d| id_of(d)).collect::<Vec<_>>()]
+        );
+        assert!(source.fetches.lock().unwrap().is_empty());
+        assert_eq!(fuse.stats().neighbours_published, 2, "{:?}", fuse.stats());
+
+        // A background fetch of f4, joined by an open of f4.
+        let bg = fuse.background();
+        let id4 = id_of(&files[4]);
+        let t4 = std::thread::spawn(move || bg.fetch(&id4));
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(fs::read(fx.target.join("f4")).unwrap(), files[4]);
+        t4.join().unwrap().unwrap();
+        // f4 is the last in order: a group of one, fetched alone, once.
+        assert_eq!(*source.fetches.lock().unwrap(), vec![id4]);
+        assert_eq!(source.groups.lock().unwrap().len(), 1);
+        let stats = fuse.stats();
+        assert_eq!(stats.fetches_background, 1, "{stats:?}");
+        assert_eq!(stats.fetches_started, 2, "{stats:?}");
+        // A background fetch of a local object does nothing.
+        fuse.background().fetch(&id_of(&files[3])).unwrap();
+        assert_eq!(fuse.stats().fetches_started, 2);
+
+        umount_retrying(&fx.target);
+        wait_backing_closed(&fuse);
+        let stats = unmount_fuse(fuse);
+        assert_eq!(stats.fetches_failed, 0, "{stats:?}");
+    });
+}
