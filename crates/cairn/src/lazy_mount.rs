@@ -183,7 +183,12 @@ impl LazyLayer {
             .with_context(|| format!("opening the store at {}", root.display()))?;
         // Opened (and its index checked) here, so that a broken source is
         // this command's error, not a line in the server's log.
-        let remote = RemoteObjects::open(&store, digest, client)
+        // A read that waits longer than an open may is of no use to the
+        // open, and would keep its fetch slot: the server's requests give
+        // up on an idle connection after `--fetch-timeout` at most.
+        let mut server_client = client.clone();
+        server_client.read_timeout = server_client.read_timeout.min(lazy.fetch_timeout);
+        let remote = RemoteObjects::open(&store, digest, &server_client)
             .with_context(|| format!("opening the lazy source of image {digest}"))?;
         let mut lazy_args = lazy.clone();
         if let Some(f) = &lazy_args.record_prefetch {
