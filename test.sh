@@ -9,8 +9,8 @@
 # Every step runs even when an earlier one failed; the exit status is non-zero
 # if any failed, and the last line is "summary: N passed, N failed".
 #
-# Environment: FUZZ_SECONDS (default 60), TEST_TIMEOUT (seconds for cargo
-# test, default 1200), CARGO_TEST_ARGS (extra arguments after `--` for the
+# Environment: FUZZ_SECONDS (default 30 here), TEST_TIMEOUT (seconds for cargo
+# test, default 1800), CARGO_TEST_ARGS (extra arguments after `--` for the
 # test binaries, e.g. "--test-threads=1").
 set -euo pipefail
 
@@ -72,7 +72,7 @@ mount_snapshot() {
 run_cargo_test() {
   local rc=0
   # shellcheck disable=SC2086 # CARGO_TEST_ARGS is a list of words
-  timeout "${TEST_TIMEOUT:-1200}" cargo test --workspace --release --no-fail-fast -- ${CARGO_TEST_ARGS:-} 2>&1 |
+  timeout "${TEST_TIMEOUT:-1800}" cargo test --workspace --release --no-fail-fast -- ${CARGO_TEST_ARGS:-} 2>&1 |
     tee "$logs/cargo-test.log" || rc=$?
   local p f i
   read -r p f i < <(awk '/^test result:/ {
@@ -81,7 +81,7 @@ run_cargo_test() {
       } } END { print p+0, f+0, i+0 }' "$logs/cargo-test.log")
   tests_passed=$p tests_failed=$f tests_ignored=$i
   echo "cargo test: $p passed, $f failed, $i ignored"
-  [ "$rc" -ne 124 ] || echo "cargo test: killed after ${TEST_TIMEOUT:-1200}s (TEST_TIMEOUT)"
+  [ "$rc" -ne 124 ] || echo "cargo test: killed after ${TEST_TIMEOUT:-1800}s (TEST_TIMEOUT)"
   if [ "$rc" -eq 0 ] && [ "$p" -eq 0 ]; then
     echo "cargo test ran no test"
     return 1
@@ -106,7 +106,7 @@ step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
 mount_snapshot >"$logs/mounts.before"
 step "cargo test" run_cargo_test
 step "leftover mounts" check_leftovers
-step "fuzz smoke" scripts/fuzz-smoke.sh
+FUZZ_SECONDS=${FUZZ_SECONDS:-30} step "fuzz smoke" scripts/fuzz-smoke.sh
 
 # The summary counts each cargo test case, plus each other step as one check.
 other_ok=0
