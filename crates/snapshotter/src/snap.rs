@@ -18,6 +18,7 @@ use rustix::fs::{flock, FlockOperation};
 use crate::commit::{commit_dir, Committed};
 use crate::meta::{Kind, Layer, Meta, MetaError, Record, Time, RECORD_FORMAT};
 use crate::proto;
+use crate::remote::{self, RemoteRequest};
 
 /// The errors containerd's proxy client turns back into its errdefs.
 #[derive(Debug, thiserror::Error)]
@@ -202,13 +203,109 @@ impl Snapshotter {
         self.mounts(key)
     }
 
+    /// Prepare. With the remote-snapshotter labels (see [`crate::remote`])
+    /// cairn first tries to pull the layer itself and commit it under the
+    /// target name, answering `AlreadyExists` for the target; if that
+    /// fails, it says why in the log and prepares as usual, so that
+    /// containerd fetches and unpacks the layer itself.
     pub fn prepare(
         &mut self,
         key: &str,
         parent: &str,
         labels: HashMap<String, String>,
     ) -> Result<Vec<proto::Mount>, SnapError> {
+        if let Some(req) = RemoteRequest::from_labels(&labels) {
+            if self.meta.get(&req.target).is_some() {
+                return Err(SnapError::AlreadyExists(req.target));
+            }
+            if !key.is_empty() && self.meta.get(key).is_none() {
+                match self.remote_prepare(&req, parent, &labels) {
+                    Ok(()) => {
+                        tracing::info!(
+                            "remote snapshot {} ({} of {}) pulled by cairn",
+                            req.target,
+                            req.layer_digest,
+                            req.image_ref
+                        );
+                        return Err(SnapError::AlreadyExists(req.target));
+                    }
+                    Err(why) => tracing::warn!(
+                        "remote snapshot {} ({} of {}): {why}; containerd unpacks it",
+                        req.target,
+                        req.layer_digest,
+                        req.image_ref
+                    ),
+                }
+            }
+        }
         self.create(Kind::Active, key, parent, labels)
+    }
+
+    /// The remote path: pulls the layer and records a committed snapshot
+    /// named `req.target` with parent `parent`.
+    fn remote_prepare(
+        &mut self,
+        req: &RemoteRequest,
+        parent: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<(), String> {
+        if self.reserved.contains(&req.target) {
+            return Err(format!("{:?} is being committed", req.target));
+        }
+        let parent_chain = if parent.is_empty() {
+            Vec::new()
+        } else {
+            let p = self
+                .meta
+                .get(parent)
+                .ok_or_else(|| format!("parent {parent:?} does not exist"))?;
+            p.layer
+                .as_ref()
+                .ok_or_else(|| format!("parent {parent:?} is not committed"))?
+                .chain
+                .clone()
+        };
+        let store = self.store.clone();
+        let _lock = store
+            .lock_shared()
+            .map_err(|e| format!("locking the store: {e}"))?;
+        let pulled = remote::pull_layer(&store, req, &parent_chain)?;
+        let image = crate::commit::assemble_chain(&store, &pulled.chain)
+            .map_err(|e| format!("assembling the chain image: {e}"))?;
+        let rec = store
+            .layer_record(&pulled.diff_id)
+            .map_err(|e| format!("reading layer {}: {e}", pulled.diff_id))?
+            .ok_or_else(|| format!("layer {} is not in the store", pulled.diff_id))?;
+        let id = self.meta.allocate_id();
+        let ref_name = format!("{REF_PREFIX}{id}");
+        store
+            .set_ref(&ref_name, &image)
+            .map_err(|e| format!("ref {ref_name}: {e}"))?;
+        let now = Time::now();
+        let record = Record {
+            format: RECORD_FORMAT,
+            id,
+            key: req.target.clone(),
+            kind: Kind::Committed,
+            parent: (!parent.is_empty()).then(|| parent.to_owned()),
+            parent_image: None,
+            labels: labels.clone().into_iter().collect(),
+            created: now,
+            updated: now,
+            layer: Some(Layer {
+                diff_id: pulled.diff_id,
+                chain: pulled.chain,
+                image,
+                ref_name: ref_name.clone(),
+                size: rec.size,
+                entries: rec.entries,
+            }),
+        };
+        if let Err(e) = self.meta.put(record, None) {
+            let _ = store.remove_ref(&ref_name);
+            return Err(format!("writing the record: {e}"));
+        }
+        Ok(())
     }
 
     pub fn view(
