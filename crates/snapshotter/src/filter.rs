@@ -155,8 +155,11 @@ impl Selector {
             return (String::new(), false);
         };
         match first.as_str() {
-            "name" => (info.name.clone(), !info.name.is_empty()),
-            "parent" => (info.parent.clone(), !info.parent.is_empty()),
+            // Always present, as containerd's own adaptor has them: the
+            // metadata store's Walk for a remote snapshot's target asks
+            // for `parent==""` on a bottom layer.
+            "name" => (info.name.clone(), true),
+            "parent" => (info.parent.clone(), true),
             "kind" => {
                 let k = match Kind::try_from(info.kind) {
                     Ok(Kind::Active) => "active",
@@ -242,6 +245,21 @@ mod tests {
             &a
         ));
         assert!(!m(&["parent!=\"\""], &p));
+        // The metadata store's Walk for a remote snapshot's target.
+        let t = info(
+            "t",
+            "",
+            Kind::Committed,
+            &[("containerd.io/snapshot.ref", "sha256:ab")],
+        );
+        assert!(m(
+            &["labels.\"containerd.io/snapshot.ref\"==sha256:ab,parent==\"\""],
+            &t
+        ));
+        assert!(!m(
+            &["labels.\"containerd.io/snapshot.ref\"==sha256:ab,parent==\"x\""],
+            &t
+        ));
         assert!(m(&["labels.l==2"], &a));
         assert!(!m(&["labels.l==3"], &a));
         assert!(m(&[], &a));

@@ -19,6 +19,7 @@ pub mod commit;
 pub mod filter;
 pub mod meta;
 pub mod proto;
+pub mod remote;
 mod server;
 pub mod snap;
 

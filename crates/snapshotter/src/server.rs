@@ -130,11 +130,15 @@ fn prepare(
     r: proto::PrepareSnapshotRequest,
 ) -> BoxFuture<Result<proto::MountsResponse, Status>> {
     Box::pin(async move {
-        let mounts = blocking(s, "Prepare", move |s| {
-            s.prepare(&r.key, &r.parent, r.labels)
+        let r = tokio::task::spawn_blocking(move || {
+            crate::snap::prepare(&s, &r.key, &r.parent, r.labels)
         })
-        .await?;
-        Ok(proto::MountsResponse { mounts })
+        .await
+        .map_err(|e| Status::internal(format!("Prepare: {e}")))?;
+        if let Err(e) = &r {
+            tracing::debug!("Prepare: {e}");
+        }
+        Ok(proto::MountsResponse { mounts: r? })
     })
 }
 

@@ -18,6 +18,7 @@ use rustix::fs::{flock, FlockOperation};
 use crate::commit::{commit_dir, Committed};
 use crate::meta::{Kind, Layer, Meta, MetaError, Record, Time, RECORD_FORMAT};
 use crate::proto;
+use crate::remote::{self, RemoteRequest};
 
 /// The errors containerd's proxy client turns back into its errdefs.
 #[derive(Debug, thiserror::Error)]
@@ -202,13 +203,134 @@ impl Snapshotter {
         self.mounts(key)
     }
 
+    /// Prepare with the snapshotter locked throughout (tests; the server
+    /// uses [`prepare`], which pulls without the lock). With the
+    /// remote-snapshotter labels (see [`crate::remote`]) cairn first tries
+    /// to pull the layer itself and commit it under the target name,
+    /// answering `AlreadyExists` for the target; if that fails, it says
+    /// why in the log and prepares as usual, so that containerd fetches
+    /// and unpacks the layer itself.
     pub fn prepare(
         &mut self,
         key: &str,
         parent: &str,
         labels: HashMap<String, String>,
     ) -> Result<Vec<proto::Mount>, SnapError> {
+        if let Some(plan) = self.begin_remote(key, parent, &labels)? {
+            let done = plan.run();
+            self.finish_remote(plan, done)?;
+        }
         self.create(Kind::Active, key, parent, labels)
+    }
+
+    /// Whether a Prepare takes the remote path: if so, its target name is
+    /// reserved and the pull ([`RemotePlan::run`]) runs without the
+    /// snapshotter's lock. `AlreadyExists` if the target is there already.
+    pub fn begin_remote(
+        &mut self,
+        key: &str,
+        parent: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<Option<RemotePlan>, SnapError> {
+        let Some(req) = RemoteRequest::from_labels(labels) else {
+            return Ok(None);
+        };
+        if self.meta.get(&req.target).is_some() {
+            return Err(SnapError::AlreadyExists(req.target));
+        }
+        if key.is_empty()
+            || self.meta.get(key).is_some()
+            || self.reserved.contains(key)
+            || self.reserved.contains(&req.target)
+        {
+            // The usual Prepare gives the error, or the normal path.
+            return Ok(None);
+        }
+        let parent_chain = if parent.is_empty() {
+            Ok(Vec::new())
+        } else {
+            match self.meta.get(parent) {
+                None => Err(format!("parent {parent:?} does not exist")),
+                Some(p) => match &p.layer {
+                    None => Err(format!("parent {parent:?} is not committed")),
+                    Some(l) => Ok(l.chain.clone()),
+                },
+            }
+        };
+        let parent_chain = match parent_chain {
+            Ok(c) => c,
+            Err(why) => {
+                warn_fallback(&req, &why);
+                return Ok(None);
+            }
+        };
+        self.reserved.insert(req.target.clone());
+        Ok(Some(RemotePlan {
+            store: self.store.clone(),
+            req,
+            parent: parent.to_owned(),
+            parent_chain,
+            labels: labels.clone(),
+        }))
+    }
+
+    /// Records the outcome of a remote pull: a committed snapshot under the
+    /// target name and `AlreadyExists`, or (the failure logged) `Ok` for
+    /// the usual Prepare to follow.
+    pub fn finish_remote(
+        &mut self,
+        plan: RemotePlan,
+        done: Result<RemoteDone, String>,
+    ) -> Result<(), SnapError> {
+        self.reserved.remove(&plan.req.target);
+        let req = &plan.req;
+        let done = match done {
+            Ok(d) => d,
+            Err(why) => {
+                warn_fallback(req, &why);
+                return Ok(());
+            }
+        };
+        let id = self.meta.allocate_id();
+        let ref_name = format!("{REF_PREFIX}{id}");
+        // The store's lock is still held (in `done`): gc cannot run between
+        // the chain image's assembly and its ref.
+        if let Err(e) = self.store.set_ref(&ref_name, &done.image) {
+            warn_fallback(req, &format!("ref {ref_name}: {e}"));
+            return Ok(());
+        }
+        let now = Time::now();
+        let record = Record {
+            format: RECORD_FORMAT,
+            id,
+            key: req.target.clone(),
+            kind: Kind::Committed,
+            parent: (!plan.parent.is_empty()).then(|| plan.parent.clone()),
+            parent_image: None,
+            labels: plan.labels.clone().into_iter().collect(),
+            created: now,
+            updated: now,
+            layer: Some(Layer {
+                diff_id: done.pulled.diff_id.clone(),
+                chain: done.pulled.chain.clone(),
+                image: done.image.clone(),
+                ref_name: ref_name.clone(),
+                size: done.size,
+                entries: done.entries,
+            }),
+        };
+        if let Err(e) = self.meta.put(record, None) {
+            let _ = self.store.remove_ref(&ref_name);
+            warn_fallback(req, &format!("writing the record: {e}"));
+            return Ok(());
+        }
+        tracing::info!(
+            "remote snapshot {} ({} of {}) pulled by cairn",
+            req.target,
+            req.layer_digest,
+            req.image_ref
+        );
+        Err(SnapError::AlreadyExists(req.target.clone()))
     }
 
     pub fn view(
@@ -680,6 +802,76 @@ impl CommitPlan {
     }
 }
 
+fn warn_fallback(req: &RemoteRequest, why: &str) {
+    tracing::warn!(
+        "remote snapshot {} ({} of {}): {why}; containerd fetches and unpacks it",
+        req.target,
+        req.layer_digest,
+        req.image_ref
+    );
+}
+
+/// A remote Prepare's pull, prepared by [`Snapshotter::begin_remote`].
+pub struct RemotePlan {
+    store: Arc<Store>,
+    req: RemoteRequest,
+    parent: String,
+    parent_chain: Vec<String>,
+    labels: HashMap<String, String>,
+}
+
+/// What a remote pull made; holds the store's shared lock until recorded.
+pub struct RemoteDone {
+    pulled: remote::Pulled,
+    image: String,
+    size: u64,
+    entries: u64,
+    _lock: cairn_store::StoreLock,
+}
+
+impl RemotePlan {
+    /// Pulls the image and assembles the layer's chain image, under the
+    /// store's shared lock (kept in the result until the ref is written).
+    pub fn run(&self) -> Result<RemoteDone, String> {
+        let lock = self
+            .store
+            .lock_shared()
+            .map_err(|e| format!("locking the store: {e}"))?;
+        let pulled = remote::pull_layer(&self.store, &self.req, &self.parent_chain)?;
+        let image = crate::commit::assemble_chain(&self.store, &pulled.chain)
+            .map_err(|e| format!("assembling the chain image: {e}"))?;
+        let rec = self
+            .store
+            .layer_record(&pulled.diff_id)
+            .map_err(|e| format!("reading layer {}: {e}", pulled.diff_id))?
+            .ok_or_else(|| format!("layer {} is not in the store", pulled.diff_id))?;
+        Ok(RemoteDone {
+            pulled,
+            image,
+            size: rec.size,
+            entries: rec.entries,
+            _lock: lock,
+        })
+    }
+}
+
+/// Prepare as the server runs it: a remote pull runs without the
+/// snapshotter's lock, so that other calls go on meanwhile.
+pub fn prepare(
+    s: &Mutex<Snapshotter>,
+    key: &str,
+    parent: &str,
+    labels: HashMap<String, String>,
+) -> Result<Vec<proto::Mount>, SnapError> {
+    let lock = || s.lock().unwrap_or_else(|p| p.into_inner());
+    let plan = lock().begin_remote(key, parent, &labels)?;
+    if let Some(plan) = plan {
+        let done = plan.run();
+        lock().finish_remote(plan, done)?;
+    }
+    lock().create(Kind::Active, key, parent, labels)
+}
+
 /// Commit as the server runs it: checked and recorded with the
 /// snapshotter locked, imported without the lock, so that other calls
 /// (another image's commit included) go on meanwhile.
@@ -780,5 +972,45 @@ mod tests {
         s.remove("c").unwrap();
         assert!(s.store.get_ref(&layer.ref_name).unwrap().is_none());
         assert!(matches!(s.remove("c"), Err(SnapError::NotFound(_))));
+    }
+}
+
+#[cfg(test)]
+mod remote_tests {
+    use super::*;
+    use crate::remote::{IMAGE_REF, LAYER_DIGEST, TARGET_REF};
+
+    /// A remote Prepare whose pull fails (nothing listens on the
+    /// registry's port) falls back to the usual Prepare: mounts for
+    /// containerd to unpack into, no target snapshot.
+    #[test]
+    fn remote_prepare_falls_back_when_the_pull_fails() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Snapshotter::open(d.path()).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let labels = HashMap::from([
+            (TARGET_REF.to_owned(), "sha256:target".to_owned()),
+            (IMAGE_REF.to_owned(), format!("127.0.0.1:{port}/x/y:1")),
+            (
+                LAYER_DIGEST.to_owned(),
+                format!("sha256:{}", "0".repeat(64)),
+            ),
+        ]);
+        let m = s.prepare("extract-1", "", labels.clone()).unwrap();
+        assert_eq!(m[0].r#type, "bind");
+        assert!(matches!(
+            s.info("sha256:target"),
+            Err(SnapError::NotFound(_))
+        ));
+        assert!(s.reserved.is_empty());
+        // A parent that is not committed: the usual Prepare's error.
+        assert!(matches!(
+            s.prepare("extract-2", "extract-1", labels),
+            Err(SnapError::InvalidArgument(_))
+        ));
     }
 }
