@@ -4,7 +4,9 @@
 #   sudo ./test.sh
 #
 # Steps: shellcheck, cargo fmt --check, cargo clippy -D warnings, cargo test
-# (release), a check that the tests left no mount or loop device behind, and
+# (release), the privileged mount tests again on the loop device path
+# (CAIRN_EROFS_LOOP=1), a check that the tests left no mount or loop device
+# behind, and
 # the fuzz smoke run (scripts/fuzz-smoke.sh, FUZZ_SECONDS per target).
 # Every step runs even when an earlier one failed; the exit status is non-zero
 # if any failed, and the last line is "summary: N passed, N failed".
@@ -89,6 +91,14 @@ run_cargo_test() {
   return "$rc"
 }
 
+# The privileged mount tests again with every EROFS image on a read-only
+# loop device (CAIRN_EROFS_LOOP=1), the path kernels without file-backed
+# EROFS take; the leftover check below covers its loop devices too.
+run_loop_path_tests() {
+  CAIRN_EROFS_LOOP=1 timeout "${TEST_TIMEOUT:-1200}" \
+    cargo test --release -p cairn-mount --test privileged_mount 2>&1 | tee "$logs/cargo-test-loop.log"
+}
+
 check_leftovers() {
   mount_snapshot >"$logs/mounts.after"
   comm -13 "$logs/mounts.before" "$logs/mounts.after" >"$logs/mounts.leaked"
@@ -105,6 +115,7 @@ step "cargo fmt" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
 mount_snapshot >"$logs/mounts.before"
 step "cargo test" run_cargo_test
+step "mount tests on loop devices" run_loop_path_tests
 step "leftover mounts" check_leftovers
 step "fuzz smoke" scripts/fuzz-smoke.sh
 

@@ -50,11 +50,14 @@ pub enum Feature {
     FsVerity,
     /// FUSE (`/dev/fuse`).
     Fuse,
+    /// Loop devices configured with `LOOP_CONFIGURE` (`/dev/loop-control`):
+    /// how EROFS reads an image where it cannot read the file itself.
+    LoopDevices,
 }
 
 impl Feature {
     /// Every feature, in probe order.
-    pub const ALL: [Feature; 11] = [
+    pub const ALL: [Feature; 12] = [
         Feature::NewMountApi,
         Feature::Erofs,
         Feature::ErofsFileBacked,
@@ -66,6 +69,7 @@ impl Feature {
         Feature::UserNamespaces,
         Feature::FsVerity,
         Feature::Fuse,
+        Feature::LoopDevices,
     ];
 
     fn index(self) -> usize {
@@ -93,6 +97,9 @@ impl Feature {
             Feature::UserNamespaces => "user namespaces (CONFIG_USER_NS)",
             Feature::FsVerity => "fs-verity (CONFIG_FS_VERITY)",
             Feature::Fuse => "FUSE (/dev/fuse, CONFIG_FUSE_FS)",
+            Feature::LoopDevices => {
+                "loop devices (/dev/loop-control, CONFIG_BLK_DEV_LOOP; LOOP_CONFIGURE, Linux ≥ 5.8)"
+            }
         }
     }
 
@@ -104,8 +111,9 @@ impl Feature {
                 "load it with `modprobe erofs`, or use a kernel built with CONFIG_EROFS_FS"
             }
             Feature::ErofsFileBacked => {
-                "use Linux 6.12 or later with CONFIG_EROFS_FS_BACKED_BY_FILE=y \
-                 (cairn does not fall back to loop devices)"
+                "nothing needed where loop devices work: cairn attaches the image to a \
+                 read-only loop device instead; or use Linux 6.12 or later with \
+                 CONFIG_EROFS_FS_BACKED_BY_FILE=y"
             }
             Feature::Overlay => {
                 "load it with `modprobe overlay`, or use a kernel built with CONFIG_OVERLAY_FS"
@@ -124,6 +132,10 @@ impl Feature {
                  (cairn then checks object digests in userspace)"
             }
             Feature::Fuse => "load it with `modprobe fuse`",
+            Feature::LoopDevices => {
+                "load it with `modprobe loop`, or use Linux 6.12 or later with \
+                 CONFIG_EROFS_FS_BACKED_BY_FILE=y (file-backed EROFS needs no loop device)"
+            }
         }
     }
 }
@@ -142,6 +154,37 @@ pub enum Support {
     Absent(String),
     /// The probe was refused for lack of privilege; the kernel may have it.
     NotPermitted(String),
+}
+
+/// How the EROFS layer reads its image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErofsPath {
+    /// Straight from the image file (file-backed mount, Linux ≥ 6.12).
+    File,
+    /// From a read-only loop device attached to the image (autoclear,
+    /// direct I/O), which goes away with the mount.
+    Loop,
+}
+
+impl fmt::Display for ErofsPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErofsPath::File => "straight from the image file (file-backed)",
+            ErofsPath::Loop => "through a read-only loop device (autoclear, direct I/O)",
+        })
+    }
+}
+
+/// The environment variable that forces the loop device path where the
+/// kernel could read image files itself: `CAIRN_EROFS_LOOP=1`. For tests,
+/// and for kernels whose file-backed EROFS misbehaves.
+pub const EROFS_LOOP_ENV: &str = "CAIRN_EROFS_LOOP";
+
+/// Whether [`EROFS_LOOP_ENV`] asks for loop devices (`1`, `yes` or `true`).
+pub fn erofs_loop_forced() -> bool {
+    std::env::var(EROFS_LOOP_ENV)
+        .map(|v| matches!(v.trim(), "1" | "yes" | "true"))
+        .unwrap_or(false)
 }
 
 /// The result of [`probe`]: one [`Support`] per [`Feature`].
@@ -203,6 +246,32 @@ impl KernelFeatures {
         }
     }
 
+    /// How EROFS will read images on this kernel: from the file where it
+    /// can (unless [`EROFS_LOOP_ENV`] forces loop devices), else from a
+    /// loop device; an error naming file-backed EROFS (and why loop
+    /// devices cannot stand in) where neither works.
+    pub fn erofs_path(&self) -> Result<ErofsPath, MissingFeature> {
+        self.require(&[Feature::Erofs])?;
+        let file = self.has(Feature::ErofsFileBacked);
+        if file && !erofs_loop_forced() {
+            return Ok(ErofsPath::File);
+        }
+        match self.require(&[Feature::LoopDevices]) {
+            Ok(()) => Ok(ErofsPath::Loop),
+            Err(e) if file => Err(e),
+            Err(loop_missing) => Err(MissingFeature {
+                feature: Feature::ErofsFileBacked,
+                support: match self.support(Feature::ErofsFileBacked) {
+                    Support::Absent(why) => Support::Absent(format!(
+                        "{why}; and no loop device to stand in: {loop_missing}"
+                    )),
+                    other => other.clone(),
+                },
+                release: self.release.clone(),
+            }),
+        }
+    }
+
     fn set(&mut self, feature: Feature, support: Support) {
         self.support[feature.index()] = support;
     }
@@ -256,6 +325,7 @@ impl KernelFeatures {
         self.set(IdmappedMounts, idmapped);
         self.set(FsVerity, probe_fs_verity());
         self.set(Fuse, probe_fuse());
+        self.set(LoopDevices, probe_loop_devices());
     }
 }
 
@@ -280,7 +350,14 @@ impl fmt::Display for KernelFeatures {
                 Support::NotPermitted(why) => writeln!(f, "  ?    {feature}: {why}")?,
             }
         }
-        Ok(())
+        match self.erofs_path() {
+            Ok(path) => writeln!(f, "EROFS images are read {path}")?,
+            Err(e) => writeln!(f, "EROFS images cannot be mounted: {e}")?,
+        }
+        match self.require(&crate::stack::STACK_FEATURES) {
+            Ok(()) => writeln!(f, "cairn mount and cairn run: supported"),
+            Err(e) => writeln!(f, "cairn mount and cairn run: not supported: {e}"),
+        }
     }
 }
 
@@ -511,6 +588,20 @@ pub(crate) fn verity_support_of(fd: std::os::fd::BorrowedFd<'_>, what: &str) -> 
             "FS_IOC_MEASURE_VERITY on {what}: {}",
             errno_text(errno)
         )),
+    }
+}
+
+/// `/dev/loop-control` opened as cairn opens it to attach a device; nothing
+/// is attached. (`LOOP_CONFIGURE` itself, Linux 5.8, is older than the
+/// other features cairn needs, so it is not tried.)
+fn probe_loop_devices() -> Support {
+    match rustix::fs::open(
+        "/dev/loop-control",
+        OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(_) => Support::Present,
+        Err(errno) => classify(&StepFailure::new("open /dev/loop-control", errno)),
     }
 }
 
