@@ -80,12 +80,12 @@ impl Feature {
     pub fn description(self) -> &'static str {
         match self {
             Feature::NewMountApi => "the new mount API (fsopen/fsconfig/fsmount, Linux ≥ 5.2)",
-            Feature::Erofs => "the EROFS filesystem (CONFIG_EROFS_FS)",
+            Feature::Erofs => "the EROFS filesystem (CONFIG_EROFS_FS, Linux ≥ 5.4)",
             Feature::ErofsFileBacked => {
                 "EROFS mounts from an image file without a loop device \
                  (CONFIG_EROFS_FS_BACKED_BY_FILE, Linux ≥ 6.12)"
             }
-            Feature::Overlay => "overlayfs (CONFIG_OVERLAY_FS)",
+            Feature::Overlay => "overlayfs (CONFIG_OVERLAY_FS, Linux ≥ 3.18)",
             Feature::OverlayDataOnlyLayers => {
                 "overlayfs data-only lower layers (datadir+ or lowerdir=A::B, Linux ≥ 6.5)"
             }
@@ -94,9 +94,11 @@ impl Feature {
             Feature::IdmappedMounts => {
                 "idmapped mounts (mount_setattr MOUNT_ATTR_IDMAP, Linux ≥ 5.12; tmpfs ≥ 6.3)"
             }
-            Feature::UserNamespaces => "user namespaces (CONFIG_USER_NS)",
-            Feature::FsVerity => "fs-verity (CONFIG_FS_VERITY)",
-            Feature::Fuse => "FUSE (/dev/fuse, CONFIG_FUSE_FS)",
+            Feature::UserNamespaces => "user namespaces (CONFIG_USER_NS, Linux ≥ 3.8)",
+            Feature::FsVerity => {
+                "fs-verity (CONFIG_FS_VERITY, Linux ≥ 5.4; overlayfs verity=require ≥ 6.6)"
+            }
+            Feature::Fuse => "FUSE (/dev/fuse, CONFIG_FUSE_FS; passthrough Linux ≥ 6.9)",
             Feature::LoopDevices => {
                 "loop devices (/dev/loop-control, CONFIG_BLK_DEV_LOOP; LOOP_CONFIGURE, Linux ≥ 5.8)"
             }
@@ -642,6 +644,78 @@ mod tests {
              Linux ≥ 6.5): use Linux 6.5 or later (probe: fsconfig lowerdir+: Invalid argument)"
         );
         assert_eq!(k.missing(), vec![Feature::OverlayDataOnlyLayers]);
+    }
+
+    /// What Debian bookworm's 6.1 kernel shows (EROFS and loop devices, no
+    /// file-backed EROFS, no data-only layers, no lowerdir+).
+    fn linux_6_1() -> KernelFeatures {
+        let mut k = all_present();
+        k.release = "6.1.0-56-cloud-amd64".into();
+        for f in [
+            Feature::ErofsFileBacked,
+            Feature::OverlayDataOnlyLayers,
+            Feature::OverlayLayerAppend,
+            Feature::OverlayDetachedLayers,
+        ] {
+            k.set(
+                f,
+                Support::Absent("fsconfig create: Invalid argument".into()),
+            );
+        }
+        k
+    }
+
+    #[test]
+    fn old_kernel_is_refused_in_one_line_naming_the_feature_and_its_version() {
+        let k = linux_6_1();
+        assert_eq!(k.erofs_path().unwrap(), ErofsPath::Loop);
+        let err = k.require(&crate::stack::STACK_FEATURES).unwrap_err();
+        assert_eq!(err.feature, Feature::OverlayDataOnlyLayers);
+        let text = err.to_string();
+        assert!(!text.contains('\n'), "{text}");
+        assert!(
+            text.starts_with("kernel 6.1.0-56-cloud-amd64 lacks overlayfs data-only"),
+            "{text}"
+        );
+        assert!(text.contains("Linux ≥ 6.5"), "{text}");
+        let shown = k.to_string();
+        assert!(
+            shown.contains("EROFS images are read through a read-only loop device"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("cairn mount and cairn run: not supported: kernel 6.1.0-56-cloud-amd64 lacks overlayfs data-only"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn every_feature_names_the_kernel_version_it_needs() {
+        for f in Feature::ALL {
+            assert!(
+                f.description().contains("Linux ≥ "),
+                "{f:?}: {}",
+                f.description()
+            );
+        }
+    }
+
+    #[test]
+    fn erofs_path_without_file_backed_mounts_or_loop_devices_names_both() {
+        let mut k = linux_6_1();
+        k.set(
+            Feature::LoopDevices,
+            Support::Absent("open /dev/loop-control: No such file or directory".into()),
+        );
+        let err = k.erofs_path().unwrap_err();
+        assert_eq!(err.feature, Feature::ErofsFileBacked);
+        let text = err.to_string();
+        assert!(text.contains("Linux 6.12"), "{text}");
+        assert!(text.contains("/dev/loop-control"), "{text}");
+        assert!(!text.contains('\n'), "{text}");
+        if !erofs_loop_forced() {
+            assert_eq!(all_present().erofs_path().unwrap(), ErofsPath::File);
+        }
     }
 
     #[test]

@@ -1105,3 +1105,54 @@ fn privileged_loop_path_failures_leave_no_loop_device() {
         }
     });
 }
+
+// ------------------------------------------------------ any kernel at all --
+
+/// What the probe says decides what a mount does, on any kernel: where it
+/// finds the whole stack, the image mounts on the path it names (a loop
+/// device exactly when it says so); where it does not, the mount stops with
+/// one line naming the first missing feature and the kernel version that
+/// brings it, and nothing is mounted or attached. The kernel matrix
+/// (scripts/vm-test.sh) runs this on kernels of both kinds.
+#[test]
+fn privileged_mount_follows_the_probe() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let before = mounts();
+        let features = probe();
+        println!("{features}");
+        let opts = fx.opts(UpperSpec::Tmpfs { size: None });
+        let supported = features
+            .require(&opts.required_features())
+            .and_then(|()| features.erofs_path());
+        match supported {
+            Ok(path) => {
+                mount_image(&opts).expect("the probe found the whole stack");
+                assert_only_the_overlay(&fx, &before);
+                assert_eq!(fs::read(fx.at("hello.txt")).unwrap(), HELLO);
+                let devices = fx.loop_devices_on_fixture();
+                assert_eq!(
+                    devices.len(),
+                    usize::from(path == cairn_mount::ErofsPath::Loop),
+                    "EROFS path {path:?}, loop devices {devices:?}"
+                );
+                umount_own_stack(&fx.target);
+                assert_eq!(mounts(), before);
+                fx.assert_no_loop_devices("after umount");
+            }
+            Err(missing) => {
+                let err = mount_image(&opts).expect_err("the probe found a feature missing");
+                let text = err.to_string();
+                println!("refused: {text}");
+                assert!(
+                    matches!(&err, MountError::Unsupported(m) if m.feature == missing.feature),
+                    "{err:?}"
+                );
+                assert!(!text.contains('\n'), "one line: {text}");
+                assert!(text.contains("Linux ≥ "), "names the version: {text}");
+                assert_eq!(mounts(), before, "nothing mounted");
+                fx.assert_no_loop_devices("after the refusal");
+            }
+        }
+    });
+}
