@@ -647,7 +647,8 @@ mod tests {
     }
 
     /// What Debian bookworm's 6.1 kernel shows (EROFS and loop devices, no
-    /// file-backed EROFS, no data-only layers, no lowerdir+).
+    /// file-backed EROFS, no detached layers, so data-only layers and
+    /// lowerdir+ cannot be told).
     fn linux_6_1() -> KernelFeatures {
         let mut k = all_present();
         k.release = "6.1.0-56-cloud-amd64".into();
@@ -665,26 +666,44 @@ mod tests {
         k
     }
 
+    /// 6.12 has file-backed EROFS and data-only layers but not detached
+    /// layers, which is what a refusal must name (not data-only layers).
+    #[test]
+    fn linux_6_12_is_refused_naming_detached_layers() {
+        let mut k = linux_6_1();
+        k.release = "6.12.117+deb12-cloud-amd64".into();
+        k.set(Feature::ErofsFileBacked, Support::Present);
+        assert_eq!(k.erofs_path().unwrap(), ErofsPath::File);
+        let err = k.require(&crate::stack::STACK_FEATURES).unwrap_err();
+        assert_eq!(err.feature, Feature::OverlayDetachedLayers);
+        assert!(err.to_string().contains("use Linux 6.15 or later"), "{err}");
+    }
+
     #[test]
     fn old_kernel_is_refused_in_one_line_naming_the_feature_and_its_version() {
         let k = linux_6_1();
         assert_eq!(k.erofs_path().unwrap(), ErofsPath::Loop);
         let err = k.require(&crate::stack::STACK_FEATURES).unwrap_err();
-        assert_eq!(err.feature, Feature::OverlayDataOnlyLayers);
+        assert_eq!(err.feature, Feature::OverlayDetachedLayers);
         let text = err.to_string();
         assert!(!text.contains('\n'), "{text}");
         assert!(
-            text.starts_with("kernel 6.1.0-56-cloud-amd64 lacks overlayfs data-only"),
+            text.starts_with(
+                "kernel 6.1.0-56-cloud-amd64 lacks overlayfs layers on detached mounts"
+            ),
             "{text}"
         );
-        assert!(text.contains("Linux ≥ 6.5"), "{text}");
+        assert!(text.contains("Linux ≥ 6.15"), "{text}");
         let shown = k.to_string();
         assert!(
             shown.contains("EROFS images are read through a read-only loop device"),
             "{shown}"
         );
         assert!(
-            shown.contains("cairn mount and cairn run: not supported: kernel 6.1.0-56-cloud-amd64 lacks overlayfs data-only"),
+            shown.contains(
+                "cairn mount and cairn run: not supported: \
+                 kernel 6.1.0-56-cloud-amd64 lacks overlayfs layers on detached mounts"
+            ),
             "{shown}"
         );
     }

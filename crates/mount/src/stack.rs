@@ -108,13 +108,16 @@ pub enum VerityMode {
 }
 
 /// What every image stack needs of the kernel (besides a way for EROFS
-/// to read the image, [`crate::KernelFeatures::erofs_path`]).
+/// to read the image, [`crate::KernelFeatures::erofs_path`]), in the order
+/// a refusal names them. Detached layers (Linux 6.15) come before data-only
+/// layers (6.5): without them the probe cannot tell whether data-only
+/// layers work (6.12 has them, 6.1 does not), and they are what both lack.
 pub const STACK_FEATURES: [Feature; 5] = [
     Feature::NewMountApi,
     Feature::Erofs,
     Feature::Overlay,
-    Feature::OverlayDataOnlyLayers,
     Feature::OverlayDetachedLayers,
+    Feature::OverlayDataOnlyLayers,
 ];
 
 /// What to mount where.
