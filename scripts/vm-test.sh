@@ -120,19 +120,27 @@ done
 # --------------------------------------------------------- test binaries --
 cd "$repo"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
+# CAIRN_VM_PROFILE: release (what setup.sh and test.sh build, so CI reuses
+# it) or debug (quicker to build by hand).
+profile=${CAIRN_VM_PROFILE:-release}
+case $profile in
+  release) cargo_profile=(--release) ;;
+  debug) cargo_profile=() ;;
+  *) die "CAIRN_VM_PROFILE must be release or debug" ;;
+esac
 bins=()
 for t in $tests; do
   crate=${t%%:*} name=${t#*:}
-  log "building $crate --test $name"
-  exe=$(cargo test -p "$crate" --test "$name" --no-run 2>&1 |
+  log "building $crate --test $name ($profile)"
+  exe=$(cargo test "${cargo_profile[@]}" -p "$crate" --test "$name" --no-run 2>&1 |
     tee /dev/stderr | sed -n 's/^ *Executable .*(\(.*\))$/\1/p' | tail -1)
   [ -x "$exe" ] || die "no test binary for $crate --test $name"
   bins+=("$exe")
 done
-log "building cairn"
-cargo build -p cairn >&2
+log "building cairn ($profile)"
+cargo build "${cargo_profile[@]}" -p cairn >&2
 # The build target of .cargo/config.toml.
-cairn_bin=$CARGO_TARGET_DIR/x86_64-unknown-linux-musl/debug/cairn
+cairn_bin=$CARGO_TARGET_DIR/x86_64-unknown-linux-musl/$profile/cairn
 [ -x "$cairn_bin" ] || die "no $cairn_bin"
 
 # ------------------------------------------------------------ initramfs --
@@ -204,8 +212,35 @@ else
   echo "CAIRN-VM: this kernel cannot run the composefs stack; testing its refusal only"
   modes=file
   filter=privileged_mount_follows_the_probe
+  refusal=check
 fi
 rc=0
+if [ -n "${refusal:-}" ]; then
+  # cairn mount itself: one line naming what is missing, nothing left.
+  export CAIRN_ROOT=/tmp/refusal/store
+  mkdir -p /tmp/refusal/src /tmp/refusal/mnt
+  echo hello >/tmp/refusal/src/hello
+  before=$(cat /proc/self/mountinfo | wc -l)
+  if ! cairn mkfs --store /tmp/refusal/src /tmp/refusal/image.cfs; then
+    echo "CAIRN-VM: cairn mkfs failed"
+    rc=1
+  elif cairn mount /tmp/refusal/image.cfs /tmp/refusal/mnt 2>/tmp/refusal/err; then
+    echo "CAIRN-VM: cairn mount succeeded where the probe said it cannot"
+    rc=1
+  else
+    echo "CAIRN-VM: cairn mount said: $(cat /tmp/refusal/err)"
+    lines=$(wc -l </tmp/refusal/err)
+    after=$(cat /proc/self/mountinfo | wc -l)
+    loops=$(cat /sys/block/loop*/loop/backing_file 2>/dev/null | wc -l)
+    if [ "$lines" -eq 1 ] && [ "$before" -eq "$after" ] && [ "$loops" -eq 0 ]; then
+      echo "CAIRN-VM: refusal ok: one line, nothing mounted, no loop device"
+    else
+      echo "CAIRN-VM: refusal NOT ok: $lines lines, mounts $before -> $after, loop devices $loops"
+      rc=1
+    fi
+  fi
+  unset CAIRN_ROOT
+fi
 for t in /cairn/tests/*; do
   for mode in $modes; do
     echo "CAIRN-VM: running $(basename "$t") ($mode path) ${filter:+filter $filter}"

@@ -356,8 +356,11 @@ impl fmt::Display for KernelFeatures {
             Ok(path) => writeln!(f, "EROFS images are read {path}")?,
             Err(e) => writeln!(f, "EROFS images cannot be mounted: {e}")?,
         }
-        match self.require(&crate::stack::STACK_FEATURES) {
-            Ok(()) => writeln!(f, "cairn mount and cairn run: supported"),
+        match self
+            .require(&crate::stack::STACK_FEATURES)
+            .and_then(|()| self.erofs_path())
+        {
+            Ok(_) => writeln!(f, "cairn mount and cairn run: supported"),
             Err(e) => writeln!(f, "cairn mount and cairn run: not supported: {e}"),
         }
     }

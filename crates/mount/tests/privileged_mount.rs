@@ -382,7 +382,7 @@ fn privileged_probe_finds_the_stack_features_and_leaves_nothing() {
             let text = err.to_string();
             assert_eq!(err.feature, Feature::FsVerity);
             assert!(
-                text.contains("lacks fs-verity (CONFIG_FS_VERITY)"),
+                text.contains("lacks fs-verity (CONFIG_FS_VERITY, Linux ≥ 5.4"),
                 "{text}"
             );
             assert!(text.contains("mount with verity off"), "{text}");
