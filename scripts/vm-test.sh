@@ -132,8 +132,13 @@ bins=()
 for t in $tests; do
   crate=${t%%:*} name=${t#*:}
   log "building $crate --test $name ($profile)"
-  exe=$(cargo test "${cargo_profile[@]}" -p "$crate" --test "$name" --no-run 2>&1 |
-    tee /dev/stderr | sed -n 's/^ *Executable .*(\(.*\))$/\1/p' | tail -1)
+  # (Not tee /dev/stderr: where stderr is a file, reopening it truncates it.)
+  built=$(cargo test "${cargo_profile[@]}" -p "$crate" --test "$name" --no-run 2>&1) || {
+    printf '%s\n' "$built" >&2
+    die "building $crate --test $name failed"
+  }
+  printf '%s\n' "$built" >&2
+  exe=$(sed -n 's/^ *Executable .*(\(.*\))$/\1/p' <<<"$built" | tail -1)
   [ -x "$exe" ] || die "no test binary for $crate --test $name"
   bins+=("$exe")
 done
