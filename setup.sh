@@ -36,6 +36,7 @@ PACKAGES=(
   containerd runc   # `cairn snapshotter` tests: containerd 1.6 and ctr, runc for ctr run
   golang-github-containerd-containerd-dev  # containerd's snapshotter suite (tests/containerd-suite)
   golang-go         # builds that suite in GOPATH mode (/usr/local/go is used where present)
+  qemu-system-x86 cpio kmod xz-utils zstd  # the kernel matrix (scripts/vm-test.sh): boot, initramfs, modules
 )
 
 demo=1

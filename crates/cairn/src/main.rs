@@ -290,7 +290,7 @@ fn probe(g: &Global) -> Result<()> {
         present: bool,
         detail: String,
     }
-    let rows: Vec<Row> = cairn_mount::Feature::ALL
+    let mut rows: Vec<Row> = cairn_mount::Feature::ALL
         .iter()
         .map(|&f| Row {
             feature: f.description().to_string(),
@@ -298,6 +298,24 @@ fn probe(g: &Global) -> Result<()> {
             detail: format!("{:?}", features.support(f)),
         })
         .collect();
+    // Two summary rows: how EROFS reads images here (file-backed or a loop
+    // device), and whether the whole stack of `cairn mount`/`run` works.
+    let summary = |feature: &str, answer: Result<String, cairn_mount::MissingFeature>| Row {
+        feature: feature.to_string(),
+        present: answer.is_ok(),
+        detail: answer.unwrap_or_else(|e| e.to_string()),
+    };
+    rows.push(summary(
+        "EROFS image path",
+        features.erofs_path().map(|p| p.to_string()),
+    ));
+    rows.push(summary(
+        "cairn mount and cairn run",
+        features
+            .require(&cairn_mount::STACK_FEATURES)
+            .and_then(|()| features.erofs_path())
+            .map(|_| "supported".to_string()),
+    ));
     output(g, &rows, |_| features.to_string())
 }
 

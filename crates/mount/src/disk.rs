@@ -20,13 +20,11 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::process::Command;
 
-use rustix::fs::{Mode, OFlags};
-use rustix::io::Errno;
 use rustix::mount::{move_mount, MountAttrFlags, MoveMountFlags};
 
 use crate::error::{Action, MountError, StepFailure};
 use crate::fscontext::FsContext;
-use crate::sys;
+use crate::loopdev::{LoopDevice, LoopFlags};
 
 /// The smallest cap accepted: ext4 needs room for its own metadata.
 pub const MIN_DISK_UPPER: u64 = 8 << 20;
@@ -60,11 +58,17 @@ pub fn mount_sized_upper(image: &Path, size: u64, target: &Path) -> Result<(), M
         .write(true)
         .open(image)
         .map_err(|e| io_fail("opening", e))?;
-    let (device, loop_fd) =
-        attach_loop(&backing).map_err(|f| MountError::step(Action::MountDiskUpper, target, f))?;
+    let device = LoopDevice::attach(
+        &backing,
+        LoopFlags {
+            read_only: false,
+            direct_io: false,
+        },
+    )
+    .map_err(|f| MountError::step(Action::MountDiskUpper, target, f))?;
     let mount = || -> Result<(), StepFailure> {
         let ctx = FsContext::open("ext4")?;
-        ctx.set_string("source", &device)?;
+        ctx.set_string("source", device.path.as_str())?;
         ctx.set_flag("discard")?;
         let fd = ctx.create_and_mount(MountAttrFlags::MOUNT_ATTR_NODEV)?;
         move_mount(
@@ -79,7 +83,7 @@ pub fn mount_sized_upper(image: &Path, size: u64, target: &Path) -> Result<(), M
     let mounted = mount();
     // The mount (if any) holds the device now; closing ours lets
     // autoclear detach it with the last unmount, or right away on error.
-    drop(loop_fd);
+    drop(device);
     drop(backing);
     mounted.map_err(|f| MountError::step(Action::MountDiskUpper, target, f))
 }
@@ -106,36 +110,4 @@ fn format_ext4(image: &Path) -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
-}
-
-/// Attaches `backing` to a free loop device; returns its path and fd.
-fn attach_loop(backing: &File) -> Result<(String, std::os::fd::OwnedFd), StepFailure> {
-    let control = rustix::fs::open(
-        "/dev/loop-control",
-        OFlags::RDWR | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|errno| StepFailure::new("open /dev/loop-control", errno))?;
-    // Another process may take the device between GET_FREE and CONFIGURE.
-    let mut last = Errno::BUSY;
-    for _ in 0..16 {
-        let n = sys::loop_get_free(control.as_fd())
-            .map_err(|errno| StepFailure::new("LOOP_CTL_GET_FREE", errno))?;
-        let device = format!("/dev/loop{n}");
-        let fd = rustix::fs::open(
-            device.as_str(),
-            OFlags::RDWR | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|errno| StepFailure::new(format!("open {device}"), errno))?;
-        match sys::loop_configure(fd.as_fd(), backing.as_fd()) {
-            Ok(()) => return Ok((device, fd)),
-            Err(Errno::BUSY) => last = Errno::BUSY,
-            Err(errno) => return Err(StepFailure::new(format!("LOOP_CONFIGURE {device}"), errno)),
-        }
-    }
-    Err(StepFailure::new(
-        "LOOP_CONFIGURE (every free device was taken)",
-        last,
-    ))
 }

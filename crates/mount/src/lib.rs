@@ -3,7 +3,8 @@
 //! An image is an EROFS metadata file whose regular files carry
 //! `trusted.overlay.redirect=/ab/cdef…` and `trusted.overlay.metacopy`; the
 //! file contents live in the store's `objects/` directory. [`mount_image`]
-//! mounts the EROFS file directly (no loop device), stacks overlayfs on it
+//! mounts the EROFS file directly (or, on kernels without file-backed EROFS
+//! or with `CAIRN_EROFS_LOOP=1`, from a read-only autoclear loop device), stacks overlayfs on it
 //! with `objects/` as a data-only lower layer, adds an optional upper layer
 //! (tmpfs or a host directory) and an optional id mapping, and attaches the
 //! result — see [`stack`] for the picture and for why nothing is left behind
@@ -23,7 +24,8 @@
 //! - `sys`: the only `unsafe` code (`mount_setattr`, `fork`, one ioctl).
 //!
 //! This crate never uses the legacy `mount(2)` call, creates loop devices
-//! only for [`disk`] uppers (autoclear: they go with their mount), never
+//! only for [`disk`] uppers and EROFS images on the loop path ([`loopdev`];
+//! autoclear: they go with their mount or with the fd on error), never
 //! creates temporary directories, and never logs an error it returns.
 #![deny(unsafe_code)]
 
@@ -31,6 +33,7 @@ mod bind;
 pub mod disk;
 mod error;
 mod fscontext;
+pub mod loopdev;
 pub mod mountinfo;
 pub mod probe;
 pub mod stack;
@@ -44,9 +47,12 @@ pub use mountinfo::{
     find_mount, is_mountpoint, mount_table, mount_table_of, parse_mountinfo, umount, umount_with,
     MountEntry, UmountOptions,
 };
-pub use probe::{probe, Feature, KernelFeatures, MissingFeature, Support};
+pub use probe::{
+    erofs_loop_forced, probe, ErofsPath, Feature, KernelFeatures, MissingFeature, Support,
+    EROFS_LOOP_ENV,
+};
 pub use stack::{
     mount_image, mounted_image, prepare_image, DetachedLayers, MountOptions, PreparedMount,
-    UpperSpec, VerityMode,
+    UpperSpec, VerityMode, STACK_FEATURES,
 };
 pub use userns::{IdMap, UserNamespace};

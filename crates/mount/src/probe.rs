@@ -50,11 +50,14 @@ pub enum Feature {
     FsVerity,
     /// FUSE (`/dev/fuse`).
     Fuse,
+    /// Loop devices configured with `LOOP_CONFIGURE` (`/dev/loop-control`):
+    /// how EROFS reads an image where it cannot read the file itself.
+    LoopDevices,
 }
 
 impl Feature {
     /// Every feature, in probe order.
-    pub const ALL: [Feature; 11] = [
+    pub const ALL: [Feature; 12] = [
         Feature::NewMountApi,
         Feature::Erofs,
         Feature::ErofsFileBacked,
@@ -66,6 +69,7 @@ impl Feature {
         Feature::UserNamespaces,
         Feature::FsVerity,
         Feature::Fuse,
+        Feature::LoopDevices,
     ];
 
     fn index(self) -> usize {
@@ -76,12 +80,12 @@ impl Feature {
     pub fn description(self) -> &'static str {
         match self {
             Feature::NewMountApi => "the new mount API (fsopen/fsconfig/fsmount, Linux ≥ 5.2)",
-            Feature::Erofs => "the EROFS filesystem (CONFIG_EROFS_FS)",
+            Feature::Erofs => "the EROFS filesystem (CONFIG_EROFS_FS, Linux ≥ 5.4)",
             Feature::ErofsFileBacked => {
                 "EROFS mounts from an image file without a loop device \
                  (CONFIG_EROFS_FS_BACKED_BY_FILE, Linux ≥ 6.12)"
             }
-            Feature::Overlay => "overlayfs (CONFIG_OVERLAY_FS)",
+            Feature::Overlay => "overlayfs (CONFIG_OVERLAY_FS, Linux ≥ 3.18)",
             Feature::OverlayDataOnlyLayers => {
                 "overlayfs data-only lower layers (datadir+ or lowerdir=A::B, Linux ≥ 6.5)"
             }
@@ -90,9 +94,14 @@ impl Feature {
             Feature::IdmappedMounts => {
                 "idmapped mounts (mount_setattr MOUNT_ATTR_IDMAP, Linux ≥ 5.12; tmpfs ≥ 6.3)"
             }
-            Feature::UserNamespaces => "user namespaces (CONFIG_USER_NS)",
-            Feature::FsVerity => "fs-verity (CONFIG_FS_VERITY)",
-            Feature::Fuse => "FUSE (/dev/fuse, CONFIG_FUSE_FS)",
+            Feature::UserNamespaces => "user namespaces (CONFIG_USER_NS, Linux ≥ 3.8)",
+            Feature::FsVerity => {
+                "fs-verity (CONFIG_FS_VERITY, Linux ≥ 5.4; overlayfs verity=require ≥ 6.6)"
+            }
+            Feature::Fuse => "FUSE (/dev/fuse, CONFIG_FUSE_FS; passthrough Linux ≥ 6.9)",
+            Feature::LoopDevices => {
+                "loop devices (/dev/loop-control, CONFIG_BLK_DEV_LOOP; LOOP_CONFIGURE, Linux ≥ 5.8)"
+            }
         }
     }
 
@@ -104,8 +113,9 @@ impl Feature {
                 "load it with `modprobe erofs`, or use a kernel built with CONFIG_EROFS_FS"
             }
             Feature::ErofsFileBacked => {
-                "use Linux 6.12 or later with CONFIG_EROFS_FS_BACKED_BY_FILE=y \
-                 (cairn does not fall back to loop devices)"
+                "nothing needed where loop devices work: cairn attaches the image to a \
+                 read-only loop device instead; or use Linux 6.12 or later with \
+                 CONFIG_EROFS_FS_BACKED_BY_FILE=y"
             }
             Feature::Overlay => {
                 "load it with `modprobe overlay`, or use a kernel built with CONFIG_OVERLAY_FS"
@@ -124,6 +134,10 @@ impl Feature {
                  (cairn then checks object digests in userspace)"
             }
             Feature::Fuse => "load it with `modprobe fuse`",
+            Feature::LoopDevices => {
+                "load it with `modprobe loop`, or use Linux 6.12 or later with \
+                 CONFIG_EROFS_FS_BACKED_BY_FILE=y (file-backed EROFS needs no loop device)"
+            }
         }
     }
 }
@@ -142,6 +156,37 @@ pub enum Support {
     Absent(String),
     /// The probe was refused for lack of privilege; the kernel may have it.
     NotPermitted(String),
+}
+
+/// How the EROFS layer reads its image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErofsPath {
+    /// Straight from the image file (file-backed mount, Linux ≥ 6.12).
+    File,
+    /// From a read-only loop device attached to the image (autoclear,
+    /// direct I/O), which goes away with the mount.
+    Loop,
+}
+
+impl fmt::Display for ErofsPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErofsPath::File => "straight from the image file (file-backed)",
+            ErofsPath::Loop => "through a read-only loop device (autoclear, direct I/O)",
+        })
+    }
+}
+
+/// The environment variable that forces the loop device path where the
+/// kernel could read image files itself: `CAIRN_EROFS_LOOP=1`. For tests,
+/// and for kernels whose file-backed EROFS misbehaves.
+pub const EROFS_LOOP_ENV: &str = "CAIRN_EROFS_LOOP";
+
+/// Whether [`EROFS_LOOP_ENV`] asks for loop devices (`1`, `yes` or `true`).
+pub fn erofs_loop_forced() -> bool {
+    std::env::var(EROFS_LOOP_ENV)
+        .map(|v| matches!(v.trim(), "1" | "yes" | "true"))
+        .unwrap_or(false)
 }
 
 /// The result of [`probe`]: one [`Support`] per [`Feature`].
@@ -203,6 +248,32 @@ impl KernelFeatures {
         }
     }
 
+    /// How EROFS will read images on this kernel: from the file where it
+    /// can (unless [`EROFS_LOOP_ENV`] forces loop devices), else from a
+    /// loop device; an error naming file-backed EROFS (and why loop
+    /// devices cannot stand in) where neither works.
+    pub fn erofs_path(&self) -> Result<ErofsPath, MissingFeature> {
+        self.require(&[Feature::Erofs])?;
+        let file = self.has(Feature::ErofsFileBacked);
+        if file && !erofs_loop_forced() {
+            return Ok(ErofsPath::File);
+        }
+        match self.require(&[Feature::LoopDevices]) {
+            Ok(()) => Ok(ErofsPath::Loop),
+            Err(e) if file => Err(e),
+            Err(loop_missing) => Err(MissingFeature {
+                feature: Feature::ErofsFileBacked,
+                support: match self.support(Feature::ErofsFileBacked) {
+                    Support::Absent(why) => Support::Absent(format!(
+                        "{why}; and no loop device to stand in: {loop_missing}"
+                    )),
+                    other => other.clone(),
+                },
+                release: self.release.clone(),
+            }),
+        }
+    }
+
     fn set(&mut self, feature: Feature, support: Support) {
         self.support[feature.index()] = support;
     }
@@ -256,6 +327,7 @@ impl KernelFeatures {
         self.set(IdmappedMounts, idmapped);
         self.set(FsVerity, probe_fs_verity());
         self.set(Fuse, probe_fuse());
+        self.set(LoopDevices, probe_loop_devices());
     }
 }
 
@@ -280,7 +352,17 @@ impl fmt::Display for KernelFeatures {
                 Support::NotPermitted(why) => writeln!(f, "  ?    {feature}: {why}")?,
             }
         }
-        Ok(())
+        match self.erofs_path() {
+            Ok(path) => writeln!(f, "EROFS images are read {path}")?,
+            Err(e) => writeln!(f, "EROFS images cannot be mounted: {e}")?,
+        }
+        match self
+            .require(&crate::stack::STACK_FEATURES)
+            .and_then(|()| self.erofs_path())
+        {
+            Ok(_) => writeln!(f, "cairn mount and cairn run: supported"),
+            Err(e) => writeln!(f, "cairn mount and cairn run: not supported: {e}"),
+        }
     }
 }
 
@@ -514,6 +596,20 @@ pub(crate) fn verity_support_of(fd: std::os::fd::BorrowedFd<'_>, what: &str) -> 
     }
 }
 
+/// `/dev/loop-control` opened as cairn opens it to attach a device; nothing
+/// is attached. (`LOOP_CONFIGURE` itself, Linux 5.8, is older than the
+/// other features cairn needs, so it is not tried.)
+fn probe_loop_devices() -> Support {
+    match rustix::fs::open(
+        "/dev/loop-control",
+        OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(_) => Support::Present,
+        Err(errno) => classify(&StepFailure::new("open /dev/loop-control", errno)),
+    }
+}
+
 fn probe_fuse() -> Support {
     match std::fs::metadata("/dev/fuse") {
         Ok(m) if m.file_type().is_char_device() => Support::Present,
@@ -551,6 +647,97 @@ mod tests {
              Linux ≥ 6.5): use Linux 6.5 or later (probe: fsconfig lowerdir+: Invalid argument)"
         );
         assert_eq!(k.missing(), vec![Feature::OverlayDataOnlyLayers]);
+    }
+
+    /// What Debian bookworm's 6.1 kernel shows (EROFS and loop devices, no
+    /// file-backed EROFS, no detached layers, so data-only layers and
+    /// lowerdir+ cannot be told).
+    fn linux_6_1() -> KernelFeatures {
+        let mut k = all_present();
+        k.release = "6.1.0-56-cloud-amd64".into();
+        for f in [
+            Feature::ErofsFileBacked,
+            Feature::OverlayDataOnlyLayers,
+            Feature::OverlayLayerAppend,
+            Feature::OverlayDetachedLayers,
+        ] {
+            k.set(
+                f,
+                Support::Absent("fsconfig create: Invalid argument".into()),
+            );
+        }
+        k
+    }
+
+    /// 6.12 has file-backed EROFS and data-only layers but not detached
+    /// layers, which is what a refusal must name (not data-only layers).
+    #[test]
+    fn linux_6_12_is_refused_naming_detached_layers() {
+        let mut k = linux_6_1();
+        k.release = "6.12.117+deb12-cloud-amd64".into();
+        k.set(Feature::ErofsFileBacked, Support::Present);
+        assert_eq!(k.erofs_path().unwrap(), ErofsPath::File);
+        let err = k.require(&crate::stack::STACK_FEATURES).unwrap_err();
+        assert_eq!(err.feature, Feature::OverlayDetachedLayers);
+        assert!(err.to_string().contains("use Linux 6.15 or later"), "{err}");
+    }
+
+    #[test]
+    fn old_kernel_is_refused_in_one_line_naming_the_feature_and_its_version() {
+        let k = linux_6_1();
+        assert_eq!(k.erofs_path().unwrap(), ErofsPath::Loop);
+        let err = k.require(&crate::stack::STACK_FEATURES).unwrap_err();
+        assert_eq!(err.feature, Feature::OverlayDetachedLayers);
+        let text = err.to_string();
+        assert!(!text.contains('\n'), "{text}");
+        assert!(
+            text.starts_with(
+                "kernel 6.1.0-56-cloud-amd64 lacks overlayfs layers on detached mounts"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("Linux ≥ 6.15"), "{text}");
+        let shown = k.to_string();
+        assert!(
+            shown.contains("EROFS images are read through a read-only loop device"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains(
+                "cairn mount and cairn run: not supported: \
+                 kernel 6.1.0-56-cloud-amd64 lacks overlayfs layers on detached mounts"
+            ),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn every_feature_names_the_kernel_version_it_needs() {
+        for f in Feature::ALL {
+            assert!(
+                f.description().contains("Linux ≥ "),
+                "{f:?}: {}",
+                f.description()
+            );
+        }
+    }
+
+    #[test]
+    fn erofs_path_without_file_backed_mounts_or_loop_devices_names_both() {
+        let mut k = linux_6_1();
+        k.set(
+            Feature::LoopDevices,
+            Support::Absent("open /dev/loop-control: No such file or directory".into()),
+        );
+        let err = k.erofs_path().unwrap_err();
+        assert_eq!(err.feature, Feature::ErofsFileBacked);
+        let text = err.to_string();
+        assert!(text.contains("Linux 6.12"), "{text}");
+        assert!(text.contains("/dev/loop-control"), "{text}");
+        assert!(!text.contains('\n'), "{text}");
+        if !erofs_loop_forced() {
+            assert_eq!(all_present().erofs_path().unwrap(), ErofsPath::File);
+        }
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //!  lowerdir+          datadir+              upperdir/workdir       (none: ro)
 //!  EROFS image        objects/               tmpfs (size=…) or
 //!  (fsmount fd,       (O_PATH fd, or an      <dir>/upper, <dir>/work
-//!   file-backed)       open_tree clone when
+//!   file-backed,       open_tree clone when
+//!   or on a loop dev)
 //!                      idmapped; data-only)
 //!      └── idmapped ──────┘  when an IdMap is given (mount_setattr)
 //! ```
@@ -18,9 +19,25 @@
 //! is attached the descriptors are closed, so the overlay is the only thing
 //! holding the layers and `umount(target)` frees them all. For the same
 //! reason a failure (or a `kill -9`) at any step leaves nothing behind: no
-//! mount, no loop device (EROFS reads the image file directly), no
-//! temporary directory (none is ever made); the kernel drops detached mounts
-//! with the last fd. [`prepare_image`] stops just before attaching, which the
+//! mount, no loop device, no temporary directory (none is ever made); the
+//! kernel drops detached mounts with the last fd.
+//!
+//! # The loop device path
+//!
+//! EROFS reads the image file itself where the kernel has file-backed
+//! mounts (Linux 6.12). Elsewhere (the probe finds `ENOTBLK` for a file
+//! source), or when `CAIRN_EROFS_LOOP=1` forces it, the image is opened
+//! read-only and attached to a loop device with `LOOP_CONFIGURE` and
+//! `LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO` (direct
+//! I/O so the image is not cached twice; dropped if the backing file refuses
+//! it), and EROFS is mounted from `/dev/loopN`. The fd on the device is
+//! closed as soon as the EROFS superblock exists or has failed to, so the
+//! superblock is the device's only opener: autoclear detaches the device
+//! when the mount goes (the last unmount of the overlay, a failure at any
+//! later step, or the mounter's death), and a failure before it detaches
+//! the device as the fd closes. The EROFS mount's own source is then the
+//! device, but that mount is detached and never in mountinfo; the overlay's
+//! source still names the image for gc. [`prepare_image`] stops just before attaching, which the
 //! tests use to kill a mounter at its last step.
 //!
 //! Idmapping: the EROFS and objects layers are idmapped, the upper layer is
@@ -58,8 +75,11 @@ use rustix::mount::{move_mount, MountAttrFlags, MoveMountFlags};
 use crate::bind::clone_tree;
 use crate::error::{Action, MountError, StepFailure};
 use crate::fscontext::{fd_path, fd_subpath, FsContext};
+use crate::loopdev::{LoopDevice, LoopFlags};
 use crate::mountinfo::MountEntry;
-use crate::probe::{probe, verity_support_of, Feature, MissingFeature, Support};
+use crate::probe::{
+    erofs_loop_forced, probe, verity_support_of, ErofsPath, Feature, MissingFeature, Support,
+};
 use crate::sys;
 use crate::userns::{IdMap, UserNamespace};
 
@@ -87,6 +107,19 @@ pub enum VerityMode {
     Require,
 }
 
+/// What every image stack needs of the kernel (besides a way for EROFS
+/// to read the image, [`crate::KernelFeatures::erofs_path`]), in the order
+/// a refusal names them. Detached layers (Linux 6.15) come before data-only
+/// layers (6.5): without them the probe cannot tell whether data-only
+/// layers work (6.12 has them, 6.1 does not), and they are what both lack.
+pub const STACK_FEATURES: [Feature; 5] = [
+    Feature::NewMountApi,
+    Feature::Erofs,
+    Feature::Overlay,
+    Feature::OverlayDetachedLayers,
+    Feature::OverlayDataOnlyLayers,
+];
+
 /// What to mount where.
 #[derive(Clone, Debug)]
 pub struct MountOptions<'a> {
@@ -103,16 +136,11 @@ pub struct MountOptions<'a> {
 }
 
 impl MountOptions<'_> {
-    /// The kernel features this stack needs.
+    /// The kernel features this stack needs, besides a way for EROFS to
+    /// read the image ([`crate::KernelFeatures::erofs_path`]: file-backed, or a
+    /// loop device).
     pub fn required_features(&self) -> Vec<Feature> {
-        let mut needed = vec![
-            Feature::NewMountApi,
-            Feature::Erofs,
-            Feature::ErofsFileBacked,
-            Feature::Overlay,
-            Feature::OverlayDataOnlyLayers,
-            Feature::OverlayDetachedLayers,
-        ];
+        let mut needed = STACK_FEATURES.to_vec();
         if self.idmap.is_some() {
             needed.extend([Feature::UserNamespaces, Feature::IdmappedMounts]);
         }
@@ -195,7 +223,7 @@ pub fn mount_image(opts: &MountOptions<'_>) -> Result<(), MountError> {
 /// Builds the whole stack as a detached overlay, without attaching it.
 /// `opts.target` is used only to name the mount in errors.
 pub fn prepare_image(opts: &MountOptions<'_>) -> Result<PreparedMount, MountError> {
-    prepare(opts, false)
+    prepare(opts, false, erofs_loop_forced())
 }
 
 /// Test hook, not part of the API: [`prepare_image`] with the older
@@ -205,37 +233,62 @@ pub fn prepare_image(opts: &MountOptions<'_>) -> Result<PreparedMount, MountErro
 pub fn prepare_image_with_legacy_lowerdir(
     opts: &MountOptions<'_>,
 ) -> Result<PreparedMount, MountError> {
-    prepare(opts, true)
+    prepare(opts, true, erofs_loop_forced())
 }
 
-fn prepare(opts: &MountOptions<'_>, force_legacy: bool) -> Result<PreparedMount, MountError> {
-    if !force_legacy && opts.verity == VerityMode::Off {
+/// Test hook, not part of the API: [`prepare_image`] with the image on a
+/// loop device, as if `CAIRN_EROFS_LOOP=1` were set (which tests running as
+/// threads of one process cannot set for one test alone).
+#[doc(hidden)]
+pub fn prepare_image_on_loop_device(opts: &MountOptions<'_>) -> Result<PreparedMount, MountError> {
+    prepare(opts, false, true)
+}
+
+fn prepare(
+    opts: &MountOptions<'_>,
+    force_legacy: bool,
+    force_loop: bool,
+) -> Result<PreparedMount, MountError> {
+    if !force_legacy && opts.verity == VerityMode::Off && !force_loop {
         // Fast path: assume the kernel has everything (probing costs more
-        // than the mount itself); probe only to explain a failure or to
-        // choose the older overlay syntax.
-        match prepare_with(opts, true) {
+        // than the mount itself); probe only to explain a failure, to
+        // choose the older overlay syntax or a loop device for the image.
+        match prepare_with(opts, true, ErofsPath::File) {
             Ok(m) => return Ok(m),
             Err(first) => {
                 let features = probe();
                 features.require(&opts.required_features())?;
-                if features.has(Feature::OverlayLayerAppend) {
+                let path = features.erofs_path()?;
+                let append = features.has(Feature::OverlayLayerAppend);
+                if append && path == ErofsPath::File {
                     return Err(first);
                 }
-                return prepare_with(opts, false);
+                return prepare_with(opts, append, path);
             }
         }
     }
     let features = probe();
     features.require(&opts.required_features())?;
+    let path = if force_loop {
+        features.require(&[Feature::LoopDevices])?;
+        ErofsPath::Loop
+    } else {
+        features.erofs_path()?
+    };
     prepare_with(
         opts,
         features.has(Feature::OverlayLayerAppend) && !force_legacy,
+        path,
     )
 }
 
 /// Builds the stack; `append` chooses `lowerdir+`/`datadir+` over the older
-/// `lowerdir=META::OBJECTS` syntax.
-fn prepare_with(opts: &MountOptions<'_>, append: bool) -> Result<PreparedMount, MountError> {
+/// `lowerdir=META::OBJECTS` syntax, `erofs_path` how EROFS reads the image.
+fn prepare_with(
+    opts: &MountOptions<'_>,
+    append: bool,
+    erofs_path: ErofsPath,
+) -> Result<PreparedMount, MountError> {
     let invalid = |action, path: &Path, reason: String| MountError::Invalid {
         action,
         path: path.to_path_buf(),
@@ -259,7 +312,7 @@ fn prepare_with(opts: &MountOptions<'_>, append: bool) -> Result<PreparedMount, 
     })?;
 
     let userns = opts.idmap.map(UserNamespace::new).transpose()?;
-    let erofs = mount_erofs(&image, userns.as_ref())?;
+    let erofs = mount_erofs(&image, erofs_path, userns.as_ref())?;
     let objects = open_objects(opts.objects, userns.as_ref())?;
     if opts.verity == VerityMode::Require {
         // The open_tree fd is O_PATH, which ioctls refuse: open the directory.
@@ -310,13 +363,42 @@ fn idmap(fd: &OwnedFd, userns: Option<&UserNamespace>) -> Result<(), StepFailure
     }
 }
 
-/// The EROFS image as a detached, read-only, file-backed mount.
-fn mount_erofs(image: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, MountError> {
+/// The EROFS image as a detached, read-only mount: file-backed, or from a
+/// read-only loop device (autoclear, direct I/O) that goes with the mount.
+fn mount_erofs(
+    image: &Path,
+    path: ErofsPath,
+    userns: Option<&UserNamespace>,
+) -> Result<OwnedFd, MountError> {
     let run = || {
         let ctx = FsContext::open("erofs")?;
-        // The image path as the source: gc's liveness check reads it back
-        // (module docs, "The source names the image").
-        ctx.set_string("source", image)?;
+        // On the loop path, our fd on the device is its only opener until
+        // the superblock opens it; dropped at the end of this closure (also
+        // on every error), which leaves the mount (if any) as the device's
+        // last user, so autoclear detaches it with the last unmount.
+        let device = match path {
+            ErofsPath::File => {
+                // The image path as the source: gc's liveness check reads
+                // it back (module docs, "The source names the image").
+                ctx.set_string("source", image)?;
+                None
+            }
+            ErofsPath::Loop => {
+                let backing = std::fs::File::open(image)
+                    .map_err(|e| StepFailure::io("open (for the loop device)", &e))?;
+                let device = LoopDevice::attach(
+                    &backing,
+                    LoopFlags {
+                        read_only: true,
+                        direct_io: true,
+                    },
+                )?;
+                // This EROFS mount stays detached (never in mountinfo); the
+                // overlay's source still names the image for gc.
+                ctx.set_string("source", device.path.as_str())?;
+                Some(device)
+            }
+        };
         // Default options otherwise: user_xattr and acl must stay (the image
         // carries user xattrs and POSIX ACLs; noacl would hide them, and was
         // no faster for `ls -lR` anyway); cache_strategy is for compressed
@@ -325,6 +407,7 @@ fn mount_erofs(image: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, 
         // bench/results).
         ctx.set_flag("ro")?;
         let fd = ctx.create_and_mount(MountAttrFlags::MOUNT_ATTR_RDONLY)?;
+        drop(device);
         idmap(&fd, userns)?;
         Ok(fd)
     };
@@ -332,7 +415,7 @@ fn mount_erofs(image: &Path, userns: Option<&UserNamespace>) -> Result<OwnedFd, 
         // The probe found file-backed mounts, so ENOTBLK here is about where
         // the image lives: EROFS needs a page cache it can read (read_folio),
         // which tmpfs files lack.
-        if f.errno == rustix::io::Errno::NOTBLK {
+        if f.errno == rustix::io::Errno::NOTBLK && path == ErofsPath::File {
             f.step = format!(
                 "{} (EROFS cannot read image files on this filesystem, e.g. tmpfs; \
                  keep images on a disk filesystem)",

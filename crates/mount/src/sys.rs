@@ -6,7 +6,8 @@
 //! - the `FS_IOC_MEASURE_VERITY` ioctl, used only to ask whether the kernel
 //!   has fs-verity at all;
 //! - the loop device ioctls `LOOP_CTL_GET_FREE` and `LOOP_CONFIGURE`, for
-//!   size-capped disk upper layers (see `disk`).
+//!   size-capped disk upper layers (see `disk`) and EROFS images on
+//!   kernels without file-backed mounts (see `loopdev`).
 //!
 //! Everything here is a thin, checked wrapper returning [`Errno`]; policy
 //! (which mount to idmap, what a failure means) lives in the callers. This
@@ -113,9 +114,14 @@ pub(crate) fn measure_verity(fd: BorrowedFd<'_>) -> Result<(), Errno> {
 /// `LOOP_CTL_GET_FREE` and `LOOP_CONFIGURE` from `<linux/loop.h>`.
 const LOOP_CTL_GET_FREE: libc::Ioctl = 0x4C82;
 const LOOP_CONFIGURE: libc::Ioctl = 0x4C0A;
+/// `LO_FLAGS_READ_ONLY`: the device refuses writes.
+pub(crate) const LO_FLAGS_READ_ONLY: u32 = 1;
 /// `LO_FLAGS_AUTOCLEAR`: the device detaches itself when its last user
 /// (our fd, then the mounted filesystem) goes away.
-const LO_FLAGS_AUTOCLEAR: u32 = 4;
+pub(crate) const LO_FLAGS_AUTOCLEAR: u32 = 4;
+/// `LO_FLAGS_DIRECT_IO`: reads go to the backing file with `O_DIRECT`, so
+/// its pages are not cached twice (once for the file, once for the device).
+pub(crate) const LO_FLAGS_DIRECT_IO: u32 = 16;
 
 /// `struct loop_info64`.
 #[repr(C)]
@@ -159,10 +165,11 @@ pub(crate) fn loop_get_free(control: BorrowedFd<'_>) -> Result<u32, Errno> {
 }
 
 /// `ioctl(loop, LOOP_CONFIGURE)`: back the loop device with `backing`,
-/// detaching itself automatically once unused.
+/// with `LO_FLAGS_*` `flags`.
 pub(crate) fn loop_configure(
     loop_dev: BorrowedFd<'_>,
     backing: BorrowedFd<'_>,
+    flags: u32,
 ) -> Result<(), Errno> {
     let config = LoopConfig {
         fd: backing.as_raw_fd() as u32,
@@ -176,7 +183,7 @@ pub(crate) fn loop_configure(
             lo_number: 0,
             lo_encrypt_type: 0,
             lo_encrypt_key_size: 0,
-            lo_flags: LO_FLAGS_AUTOCLEAR,
+            lo_flags: flags,
             lo_file_name: [0; 64],
             lo_crypt_name: [0; 64],
             lo_encrypt_key: [0; 32],

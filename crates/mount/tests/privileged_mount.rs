@@ -194,6 +194,24 @@ impl Fixture {
         snap
     }
 
+    /// Waits up to two seconds for every loop device backed by a file of
+    /// this fixture to be detached (autoclear runs as the last opener
+    /// closes the device, which can trail the unmount a little).
+    fn assert_no_loop_devices(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let found = self.loop_devices_on_fixture();
+            if found.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: loop devices still attached: {found:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Loop devices whose backing file is inside this fixture.
     fn loop_devices_on_fixture(&self) -> Vec<String> {
         let root = self.dir.path().to_string_lossy().into_owned();
@@ -323,7 +341,7 @@ fn unmount_and_check_clean(fx: &Fixture, before: &[MountEntry], watch: &ImageWat
     watch.assert_released("after umount");
     assert_eq!(mounts(), before, "mount table must be exactly as before");
     assert!(!is_mountpoint(&fx.target).unwrap());
-    assert_eq!(fx.loop_devices_on_fixture(), Vec::<String>::new());
+    fx.assert_no_loop_devices("after umount");
 }
 
 fn errno_of(err: &std::io::Error) -> Option<Errno> {
@@ -364,7 +382,7 @@ fn privileged_probe_finds_the_stack_features_and_leaves_nothing() {
             let text = err.to_string();
             assert_eq!(err.feature, Feature::FsVerity);
             assert!(
-                text.contains("lacks fs-verity (CONFIG_FS_VERITY)"),
+                text.contains("lacks fs-verity (CONFIG_FS_VERITY, Linux ≥ 5.4"),
                 "{text}"
             );
             assert!(text.contains("mount with verity off"), "{text}");
@@ -384,11 +402,15 @@ fn privileged_readonly_stack_serves_object_data() {
         let ovl = assert_only_the_overlay(&fx, &before);
         assert!(ovl.mount_options.split(',').any(|o| o == "ro"), "{ovl:?}");
         println!("overlay: {ovl:?}");
-        assert_eq!(
-            fx.loop_devices_on_fixture(),
-            Vec::<String>::new(),
-            "EROFS must not use a loop device"
-        );
+        if cairn_mount::erofs_loop_forced() {
+            assert_eq!(fx.loop_devices_on_fixture().len(), 1, "CAIRN_EROFS_LOOP=1");
+        } else {
+            assert_eq!(
+                fx.loop_devices_on_fixture(),
+                Vec::<String>::new(),
+                "EROFS must not use a loop device"
+            );
+        }
 
         // Data of redirect+metacopy files comes from objects/.
         assert_eq!(fs::read(fx.at("hello.txt")).unwrap(), HELLO);
@@ -759,7 +781,12 @@ fn privileged_failure_halfway_leaves_nothing() {
                 expect: &|e| assert!(matches!(e, MountError::Invalid { .. }), "{e:?}"),
             },
         ];
-        for case in cases {
+        // On the loop path (CAIRN_EROFS_LOOP=1) an image on tmpfs mounts.
+        let loop_forced = cairn_mount::erofs_loop_forced();
+        for case in cases
+            .into_iter()
+            .filter(|c| !(loop_forced && c.name.starts_with("image on tmpfs")))
+        {
             let watch = ImageWatch::new(case.opts.image);
             let err = mount_image(&case.opts).expect_err(case.name);
             (case.expect)(&err);
@@ -767,12 +794,7 @@ fn privileged_failure_halfway_leaves_nothing() {
                 watch.assert_released(case.name);
             }
             assert_eq!(mounts(), before, "{}: mount table changed", case.name);
-            assert_eq!(
-                fx.loop_devices_on_fixture(),
-                Vec::<String>::new(),
-                "{}",
-                case.name
-            );
+            fx.assert_no_loop_devices(case.name);
             assert!(
                 !nowhere.exists(),
                 "{}: no directory may be created",
@@ -881,11 +903,26 @@ fn privileged_legacy_lowerdir_syntax_builds_the_same_stack() {
 /// attaching it: everything must vanish with the process.
 #[test]
 fn privileged_killed_mounter_leaves_nothing() {
-    in_private_mount_ns(|| {
+    killed_mounter_leaves_nothing(false);
+}
+
+/// The same with the image on a loop device (`CAIRN_EROFS_LOOP=1` in the
+/// mounter): the device must be detached with the process.
+#[test]
+fn privileged_killed_mounter_on_loop_path_leaves_nothing() {
+    killed_mounter_leaves_nothing(true);
+}
+
+fn killed_mounter_leaves_nothing(on_loop: bool) {
+    in_private_mount_ns(move || {
         let fx = Fixture::new();
         let before = mounts();
         let watch = ImageWatch::new(&fx.image);
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        let mut helper = Command::new(std::env::current_exe().unwrap());
+        if on_loop {
+            helper.env(cairn_mount::EROFS_LOOP_ENV, "1");
+        }
+        let mut child = helper
             .args([
                 "--exact",
                 "kill_helper_prepares_a_stack_and_waits",
@@ -904,13 +941,21 @@ fn privileged_killed_mounter_leaves_nothing() {
             .map_while(Result::ok)
             .any(|l| l.contains(HELPER_READY));
         assert!(ready, "helper did not get its stack ready");
-        watch.assert_still_held("while the helper holds the prepared stack");
+        if on_loop {
+            assert_eq!(
+                fx.loop_devices_on_fixture().len(),
+                1,
+                "the helper's image is on a loop device"
+            );
+        } else {
+            watch.assert_still_held("while the helper holds the prepared stack");
+        }
 
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         watch.assert_released("after the mounter was killed");
         assert_eq!(mounts(), before);
-        assert_eq!(fx.loop_devices_on_fixture(), Vec::<String>::new());
+        fx.assert_no_loop_devices("after the mounter was killed");
     });
 }
 
@@ -947,4 +992,167 @@ fn kill_helper_prepares_a_stack_and_waits() {
     std::thread::sleep(Duration::from_secs(60));
     drop(prepared);
     panic!("helper was not killed");
+}
+
+// ------------------------------------------------- the loop device path --
+
+/// The image on a read-only loop device: the stack serves the same data,
+/// the device is attached (read-only, autoclear) while mounted and detached
+/// by the unmount alone.
+#[test]
+fn privileged_loop_path_mounts_reads_and_detaches_with_the_mount() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let before = mounts();
+        let watch = ImageWatch::new(&fx.image);
+        cairn_mount::stack::prepare_image_on_loop_device(&fx.opts(UpperSpec::Tmpfs { size: None }))
+            .expect("prepare the stack on a loop device")
+            .attach(&fx.target)
+            .expect("attach");
+        watch.reset();
+        let ovl = assert_only_the_overlay(&fx, &before);
+        println!("overlay: {ovl:?}");
+
+        let devices = fx.loop_devices_on_fixture();
+        assert_eq!(
+            devices.len(),
+            1,
+            "one loop device for the image: {devices:?}"
+        );
+        assert_eq!(
+            cairn_mount::loopdev::loop_devices_backed_by(&fx.image).len(),
+            1
+        );
+        let name = cairn_mount::loopdev::loop_devices_backed_by(&fx.image).remove(0);
+        let attr = |a: &str| {
+            fs::read_to_string(format!("/sys/block/{name}/{a}"))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(attr("ro"), "1", "read-only device");
+        assert_eq!(attr("loop/autoclear"), "1", "autoclear device");
+        println!("{name}: dio={}", attr("loop/dio"));
+
+        assert_eq!(fs::read(fx.at("hello.txt")).unwrap(), HELLO);
+        assert_eq!(fs::read(fx.at("home/user/notes")).unwrap(), NOTES);
+        assert_eq!(fs::read(fx.at("etc/plain.conf")).unwrap(), INLINE);
+        fs::write(fx.at("new.txt"), b"written").unwrap();
+        assert_eq!(fs::read(fx.at("new.txt")).unwrap(), b"written");
+
+        unmount_and_check_clean(&fx, &before, &watch);
+    });
+}
+
+/// Every failure on the loop path, before and after the EROFS mount took
+/// the device, leaves no device attached and nothing mounted.
+#[test]
+fn privileged_loop_path_failures_leave_no_loop_device() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let before = mounts();
+        let garbage = fx.dir.path().join("garbage.img");
+        fs::write(&garbage, vec![0u8; 16384]).unwrap();
+        let missing = fx.dir.path().join("no-such-objects");
+        let nowhere = fx.dir.path().join("no-such-target");
+        let absent_image = fx.dir.path().join("no-such-image");
+        let base = fx.opts(UpperSpec::Tmpfs { size: None });
+        let cases: [(&str, MountOptions<'_>, Action); 4] = [
+            (
+                "not an EROFS image (the mount refuses the device)",
+                MountOptions {
+                    image: &garbage,
+                    ..base.clone()
+                },
+                Action::MountErofs,
+            ),
+            (
+                "no image file (nothing to attach)",
+                MountOptions {
+                    image: &absent_image,
+                    ..base.clone()
+                },
+                Action::MountErofs,
+            ),
+            (
+                "objects directory missing (after the EROFS mount took the device)",
+                MountOptions {
+                    objects: &missing,
+                    ..base.clone()
+                },
+                Action::OpenObjects,
+            ),
+            (
+                "target missing (fails at the last step)",
+                MountOptions {
+                    target: &nowhere,
+                    ..base.clone()
+                },
+                Action::AttachOverlay,
+            ),
+        ];
+        for (name, opts, action) in cases {
+            let err = cairn_mount::stack::prepare_image_on_loop_device(&opts)
+                .and_then(|m| m.attach(opts.target))
+                .expect_err(name);
+            assert!(
+                matches!(&err, MountError::Step { action: a, .. } if *a == action),
+                "{name}: {err:?}"
+            );
+            println!("{name}: {err}");
+            assert_eq!(mounts(), before, "{name}: mount table changed");
+            fx.assert_no_loop_devices(name);
+        }
+    });
+}
+
+// ------------------------------------------------------ any kernel at all --
+
+/// What the probe says decides what a mount does, on any kernel: where it
+/// finds the whole stack, the image mounts on the path it names (a loop
+/// device exactly when it says so); where it does not, the mount stops with
+/// one line naming the first missing feature and the kernel version that
+/// brings it, and nothing is mounted or attached. The kernel matrix
+/// (scripts/vm-test.sh) runs this on kernels of both kinds.
+#[test]
+fn privileged_mount_follows_the_probe() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let before = mounts();
+        let features = probe();
+        println!("{features}");
+        let opts = fx.opts(UpperSpec::Tmpfs { size: None });
+        let supported = features
+            .require(&opts.required_features())
+            .and_then(|()| features.erofs_path());
+        match supported {
+            Ok(path) => {
+                mount_image(&opts).expect("the probe found the whole stack");
+                assert_only_the_overlay(&fx, &before);
+                assert_eq!(fs::read(fx.at("hello.txt")).unwrap(), HELLO);
+                let devices = fx.loop_devices_on_fixture();
+                assert_eq!(
+                    devices.len(),
+                    usize::from(path == cairn_mount::ErofsPath::Loop),
+                    "EROFS path {path:?}, loop devices {devices:?}"
+                );
+                umount_own_stack(&fx.target);
+                assert_eq!(mounts(), before);
+                fx.assert_no_loop_devices("after umount");
+            }
+            Err(missing) => {
+                let err = mount_image(&opts).expect_err("the probe found a feature missing");
+                let text = err.to_string();
+                println!("refused: {text}");
+                assert!(
+                    matches!(&err, MountError::Unsupported(m) if m.feature == missing.feature),
+                    "{err:?}"
+                );
+                assert!(!text.contains('\n'), "one line: {text}");
+                assert!(text.contains("Linux ≥ "), "names the version: {text}");
+                assert_eq!(mounts(), before, "nothing mounted");
+                fx.assert_no_loop_devices("after the refusal");
+            }
+        }
+    });
 }
