@@ -296,13 +296,18 @@ fn rmdir_tree(g: &Path) -> io::Result<()> {
         }
     }
     // A group empties asynchronously after its last process was reaped;
-    // give it a moment.
-    let mut tries = 0;
+    // give it a moment: 2 ms, doubling up to 100 ms, about 1.5 s in all
+    // (100 ms was too little for a loaded machine: CI saw a group left).
+    let mut wait = std::time::Duration::from_millis(2);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1500);
     loop {
         match fs::remove_dir(g) {
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 50 => {
-                tries += 1;
-                std::thread::sleep(std::time::Duration::from_millis(2));
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(std::time::Duration::from_millis(100));
             }
             r => return r,
         }
