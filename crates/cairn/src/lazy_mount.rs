@@ -198,6 +198,19 @@ impl LazyLayer {
                     .with_context(|| format!("the prefetch list path {}", f.display()))?,
             );
         }
+        // Everything that can refuse comes before anything is created, so a
+        // refusal leaves nothing under lazy/.
+        let devnull = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .context("opening /dev/null")?;
+        let threads = threads().context("counting this process's threads")?;
+        if threads != 1 {
+            bail!("cannot fork the lazy layer's server: this process has {threads} threads");
+        }
+        let (ready_r, ready_w) = pipe()?;
+        let (attached_r, attached_w) = pipe()?;
         let lazy = store.root().join("lazy");
         fs::DirBuilder::new()
             .mode(0o700)
@@ -209,35 +222,30 @@ impl LazyLayer {
             .map_or(0, |d| d.subsec_nanos());
         let name = format!("{}.{}.{nanos}", &digest[..12], std::process::id());
         let dir = lazy.join(&name);
+        let log_path = lazy.join(format!("{name}.log"));
         fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
             .with_context(|| format!("creating {}", dir.display()))?;
-        let log_path = lazy.join(format!("{name}.log"));
-        let log = fs::OpenOptions::new()
+        let log = match fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(&log_path)
-            .with_context(|| format!("creating {}", log_path.display()))?;
-        let devnull = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/null")
-            .context("opening /dev/null")?;
-        let threads = threads().context("counting this process's threads")?;
-        if threads != 1 {
-            let _ = fs::remove_dir(&dir);
-            bail!("cannot fork the lazy layer's server: this process has {threads} threads");
-        }
-        let (ready_r, ready_w) = pipe()?;
-        let (attached_r, attached_w) = pipe()?;
+        {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = fs::remove_dir(&dir);
+                return Err(e).with_context(|| format!("creating {}", log_path.display()));
+            }
+        };
         // SAFETY: this process has one thread (checked above), so the
         // child is a whole copy of it and may do anything the parent could;
         // it never returns into the caller (it ends in `exit`).
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             let _ = fs::remove_dir(&dir);
+            let _ = fs::remove_file(&log_path);
             return Err(io::Error::last_os_error()).context("forking the lazy layer's server");
         }
         if pid == 0 {

@@ -278,8 +278,9 @@ pub fn assemble_image_from(
     })
 }
 
-/// The current time as RFC 3339 UTC (`2024-05-01T12:34:56Z`).
-pub(crate) fn now_rfc3339() -> String {
+/// The current time as RFC 3339 UTC (`2024-05-01T12:34:56Z`), as image
+/// records write it.
+pub fn now_rfc3339() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)

@@ -41,7 +41,9 @@ pub use archive::fuzz_layout_json;
 pub use archive::{import_dir, import_docker_archive, import_oci_layout, ImportOptions};
 #[doc(hidden)]
 pub use assemble::fuzz_parse_image;
-pub use assemble::{assemble_image, assemble_image_from, build_image_tree, ImportedImage};
+pub use assemble::{
+    assemble_image, assemble_image_from, build_image_tree, now_rfc3339, ImportedImage,
+};
 /// The platform an import picks from an index: `cairn-spec`'s, the one a
 /// registry pull uses too.
 pub use cairn_spec::PlatformSpec;

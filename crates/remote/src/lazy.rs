@@ -420,7 +420,7 @@ pub fn pull_lazy(
             created: parsed_config.created.clone(),
             architecture: parsed_config.architecture.clone(),
             os: parsed_config.os.clone(),
-            imported: now_rfc3339(),
+            imported: cairn_image::now_rfc3339(),
             image_size: image.len() as u64,
             content_size: object_bytes,
             source: Some(format!("docker://{display}")),
@@ -505,31 +505,6 @@ pub(crate) fn check_packs(a: &Artifact, index: &Index, what: &str) -> Result<(),
     Ok(())
 }
 
-/// Now, as RFC 3339 UTC.
-fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    let days = secs.div_euclid(86400);
-    let rem = secs.rem_euclid(86400);
-    // Civil date from days since 1970-01-01.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -539,12 +514,5 @@ mod tests {
         let stargz = br#"{"layers":[{"annotations":{"containerd.io/snapshot/stargz/toc.digest":"sha256:00"}}]}"#;
         assert!(super::has_stargz_toc(stargz));
         assert!(!super::has_stargz_toc(b"not json"));
-    }
-
-    #[test]
-    fn rfc3339_shape() {
-        let s = super::now_rfc3339();
-        assert_eq!(s.len(), 20, "{s}");
-        assert!(s.starts_with("20") && s.ends_with('Z'), "{s}");
     }
 }
