@@ -26,6 +26,7 @@ use rustix::io::Errno;
 
 use crate::dev;
 use crate::fetch::Fetcher;
+use crate::journal::{Journal, FH_SHIFT};
 use crate::proto::{self, open_flags, Attr, Op, Reply, Request};
 
 /// The first node id given to an object.
@@ -94,6 +95,9 @@ pub(crate) struct Server {
     /// Objects in the order of their first open, when recording
     /// ([`crate::ServeOptions::record_opens`]); at most `max_nodes`.
     pub open_log: Mutex<Option<OpenLog>>,
+    /// With a fixed list of objects ([`crate::ServeOptions::resumable`]):
+    /// node ids from the list, and the state a successor needs.
+    pub journal: Option<Arc<Journal>>,
 }
 
 /// The objects opened, each once, in first-open order.
@@ -217,6 +221,121 @@ impl Server {
             pending_opens: AtomicUsize::new(0),
             counters: Counters::default(),
             open_log: Mutex::new(None),
+            journal: None,
+        }
+    }
+
+    /// Serves a fixed list of objects, with node ids from it, and keeps
+    /// what a successor needs in `journal`.
+    pub fn with_journal(mut self, journal: Arc<Journal>) -> Server {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// The journal's index of `node`, if it names an object of the list.
+    fn journal_index(&self, node: u64) -> Option<usize> {
+        let j = self.journal.as_ref()?;
+        let i = node.checked_sub(FIRST_OBJECT_ID)? as usize;
+        (i < j.objects.len()).then_some(i)
+    }
+
+    /// Writes `node`'s opens and backing id through to the journal.
+    fn persist(&self, node: u64, n: &Node) {
+        if let (Some(j), Some(i)) = (&self.journal, self.journal_index(node)) {
+            j.write_node(i, n.opens, n.backing);
+        }
+    }
+
+    /// The size of object `id`: the store's file, else the source's word.
+    fn object_size(&self, id: &ObjectId) -> Option<u64> {
+        match std::fs::metadata(self.store.object_path(id)) {
+            Ok(m) if m.is_file() => Some(m.len()),
+            _ => self.fetcher.source().size(id),
+        }
+    }
+
+    /// Makes sure the node table holds `node` when it is one of the
+    /// journal's objects that a predecessor gave the kernel (its lookup
+    /// count is then unknown: 0, so it stays until its opens are gone).
+    fn materialize(&self, node: u64) {
+        let Some(i) = self.journal_index(node) else {
+            return;
+        };
+        if self
+            .nodes
+            .lock()
+            .expect("nodes lock")
+            .nodes
+            .contains_key(&node)
+        {
+            return;
+        }
+        let id = self.journal.as_ref().expect("journal").objects[i];
+        let Some(size) = self.object_size(&id) else {
+            return;
+        };
+        let mut nodes = self.nodes.lock().expect("nodes lock");
+        if !nodes.nodes.contains_key(&node) {
+            nodes.by_id.insert(id, node);
+            nodes.nodes.insert(
+                node,
+                Node {
+                    id,
+                    size,
+                    nlookup: 0,
+                    opens: 0,
+                    backing: None,
+                },
+            );
+        }
+    }
+
+    /// A successor's start: the journal's open counts and backing ids
+    /// into the node table, then the requests the predecessor left
+    /// unanswered handled again (a RELEASE is only answered: whether the
+    /// predecessor applied it is unknown, and an open count too high only
+    /// keeps a backing id registered until the connection ends).
+    pub fn resume(self: &Arc<Self>) {
+        let Some(j) = self.journal.clone() else {
+            return;
+        };
+        self.passthrough.store(j.passthrough(), Ordering::Relaxed);
+        let live = j.live_nodes();
+        for &(i, _, _) in &live {
+            self.materialize(FIRST_OBJECT_ID + i as u64);
+        }
+        {
+            let mut nodes = self.nodes.lock().expect("nodes lock");
+            for (i, opens, backing) in live {
+                if let Some(n) = nodes.nodes.get_mut(&(FIRST_OBJECT_ID + i as u64)) {
+                    n.opens = opens;
+                    n.backing = backing;
+                }
+            }
+        }
+        let left = j.take_requests();
+        if !left.is_empty() {
+            tracing::info!("answering {} requests a predecessor left", left.len());
+        }
+        for msg in left {
+            match proto::InHeader::parse(&msg) {
+                Ok(h) if h.opcode == proto::opcode::RELEASE => {
+                    self.reply(Reply::ok(h.unique));
+                }
+                Ok(h)
+                    if matches!(
+                        h.opcode,
+                        proto::opcode::FORGET
+                            | proto::opcode::BATCH_FORGET
+                            | proto::opcode::INTERRUPT
+                            | proto::opcode::DESTROY
+                            | proto::opcode::INIT
+                    ) => {}
+                Ok(_) => {
+                    self.handle(&msg);
+                }
+                Err(_) => {}
+            }
         }
     }
 
@@ -313,8 +432,20 @@ impl Server {
         nodes.nodes.values().filter(|n| n.backing.is_some()).count()
     }
 
-    /// Handles one message read from the device.
+    /// Handles one message read from the device (recorded in the journal,
+    /// if any, until it is answered).
     pub fn handle(self: &Arc<Self>, msg: &[u8]) -> Flow {
+        let slot = self.journal.as_ref().and_then(|j| j.record(msg));
+        let (flow, kept) = self.dispatch(msg, slot);
+        if let (Some(s), false) = (slot, kept) {
+            self.journal.as_ref().expect("journal").clear(s);
+        }
+        flow
+    }
+
+    /// Handles one message; true in the second place if an open waiting
+    /// for a fetch took over `slot` (it clears it once answered).
+    fn dispatch(self: &Arc<Self>, msg: &[u8], slot: Option<u32>) -> (Flow, bool) {
         let req = match Request::parse(msg) {
             Ok(r) => r,
             Err(e) => {
@@ -330,7 +461,7 @@ impl Server {
                         self.reply(Reply::error(h.unique, libc::EIO));
                     }
                 }
-                return Flow::Continue;
+                return (Flow::Continue, false);
             }
         };
         let unique = req.header.unique;
@@ -348,14 +479,14 @@ impl Server {
             }
             Op::Destroy => {
                 self.reply(Reply::ok(unique));
-                return Flow::Stop;
+                return (Flow::Stop, false);
             }
             Op::Open { flags } => {
                 if flags as i32 & libc::O_ACCMODE != libc::O_RDONLY {
                     self.reply(Reply::error(unique, libc::EROFS));
                 } else {
                     // Replies itself, now or once the object is fetched.
-                    self.open(unique, node);
+                    return (Flow::Continue, self.open(unique, node, slot));
                 }
             }
             op => {
@@ -363,7 +494,7 @@ impl Server {
                 self.reply(r);
             }
         }
-        Flow::Continue
+        (Flow::Continue, false)
     }
 
     fn answer(&self, unique: u64, node: u64, op: Op<'_>) -> Reply {
@@ -426,6 +557,7 @@ impl Server {
         if node == proto::ROOT_ID || node_fanout(node).is_some() {
             return Some(dir_attr(node));
         }
+        self.materialize(node);
         let nodes = self.nodes.lock().expect("nodes lock");
         nodes.nodes.get(&node).map(|n| file_attr(node, n.size))
     }
@@ -437,6 +569,11 @@ impl Server {
         }
         let b = node_fanout(parent).ok_or(libc::ENOTDIR)?;
         let id = parse_object(b, name).ok_or(libc::ENOENT)?;
+        // With a fixed list, only its objects exist, and each has its node.
+        let fixed = match &self.journal {
+            Some(j) => Some(FIRST_OBJECT_ID + j.index(&id).ok_or(libc::ENOENT)? as u64),
+            None => None,
+        };
         {
             let mut nodes = self.nodes.lock().expect("nodes lock");
             if let Some(&ino) = nodes.by_id.get(&id) {
@@ -446,10 +583,7 @@ impl Server {
             }
         }
         // Not known yet: the store says its size, else the source does.
-        let size = match std::fs::metadata(self.store.object_path(&id)) {
-            Ok(m) if m.is_file() => m.len(),
-            _ => self.fetcher.source().size(&id).ok_or(libc::ENOENT)?,
-        };
+        let size = self.object_size(&id).ok_or(libc::ENOENT)?;
         let mut nodes = self.nodes.lock().expect("nodes lock");
         // Another worker may have added it meanwhile.
         if let Some(&ino) = nodes.by_id.get(&id) {
@@ -465,8 +599,13 @@ impl Server {
             );
             return Err(libc::ENFILE);
         }
-        let ino = nodes.next;
-        nodes.next += 1;
+        let ino = match fixed {
+            Some(ino) => ino,
+            None => {
+                nodes.next += 1;
+                nodes.next - 1
+            }
+        };
         nodes.nodes.insert(
             ino,
             Node {
@@ -487,7 +626,9 @@ impl Server {
             return;
         };
         entry.nlookup = entry.nlookup.saturating_sub(n);
-        if entry.nlookup > 0 {
+        // A journal's node stays while open: a successor may have learnt
+        // of it from the journal, with its lookups unknown.
+        if entry.nlookup > 0 || (self.journal.is_some() && entry.opens > 0) {
             return;
         }
         let entry = nodes.nodes.remove(&node).expect("present");
@@ -496,6 +637,9 @@ impl Server {
         // no backing id should be left; close any all the same.
         if let Some(id) = entry.backing {
             self.close_backing(id);
+            if let (Some(j), Some(i)) = (&self.journal, self.journal_index(node)) {
+                j.write_node(i, 0, None);
+            }
         }
     }
 
@@ -511,18 +655,21 @@ impl Server {
     /// Opens an object and replies: at once if it is in the store,
     /// otherwise once it has been fetched and verified (or with `EIO` when
     /// that failed or timed out). The worker never waits for a fetch.
-    fn open(self: &Arc<Self>, unique: u64, node: u64) {
+    /// Returns whether the reply was left to a waiter, which then clears
+    /// the journal's `slot` once it has replied.
+    fn open(self: &Arc<Self>, unique: u64, node: u64, slot: Option<u32>) -> bool {
+        self.materialize(node);
         let (id, size) = {
             let nodes = self.nodes.lock().expect("nodes lock");
             match nodes.nodes.get(&node) {
                 Some(n) => (n.id, n.size),
                 None if node == proto::ROOT_ID || node_fanout(node).is_some() => {
                     self.reply(Reply::error(unique, libc::EISDIR));
-                    return;
+                    return false;
                 }
                 None => {
                     self.reply(Reply::error(unique, libc::ENOENT));
-                    return;
+                    return false;
                 }
             }
         };
@@ -552,9 +699,13 @@ impl Server {
                     me.reply(Reply::error(unique, e));
                 }
             }
+            if let (Some(j), Some(s)) = (&me.journal, slot) {
+                j.clear(s);
+            }
             me.pending_opens.fetch_sub(1, Ordering::SeqCst);
         });
         self.fetcher.when_present(&id, size, waiter);
+        true
     }
 
     /// Opens an object that is in the store. Returns the handle, the open
@@ -575,7 +726,11 @@ impl Server {
             return Err(libc::EIO);
         }
         let file = Arc::new(file);
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let mut fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if self.journal.is_some() {
+            // The handle names its node, for a successor.
+            fh = node << FH_SHIFT | (fh & ((1 << FH_SHIFT) - 1));
+        }
         let mut flags = open_flags::KEEP_CACHE;
         let mut backing_id = 0;
         {
@@ -609,6 +764,7 @@ impl Server {
                 }
             }
             n.opens += 1;
+            self.persist(node, n);
         }
         if backing_id != 0 {
             self.counters
@@ -625,11 +781,15 @@ impl Server {
     }
 
     fn release(&self, fh: u64) {
-        let Some(h) = self.handles.lock().expect("handles lock").remove(&fh) else {
-            return;
+        let node = match self.handles.lock().expect("handles lock").remove(&fh) {
+            Some(h) => h.node,
+            // A predecessor's handle: it names its node.
+            None if self.journal_index(fh >> FH_SHIFT).is_some() => fh >> FH_SHIFT,
+            None => return,
         };
+        self.materialize(node);
         let mut nodes = self.nodes.lock().expect("nodes lock");
-        let Some(n) = nodes.nodes.get_mut(&h.node) else {
+        let Some(n) = nodes.nodes.get_mut(&node) else {
             return;
         };
         n.opens = n.opens.saturating_sub(1);
@@ -640,13 +800,17 @@ impl Server {
                 self.close_backing(id);
             }
         }
+        self.persist(node, n);
     }
 
     fn read(&self, unique: u64, fh: u64, offset: u64, size: u32) -> Reply {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let file = match self.handles.lock().expect("handles lock").get(&fh) {
             Some(h) => h.file.clone(),
-            None => return Reply::error(unique, libc::EBADF),
+            None => match self.predecessor_file(fh) {
+                Some(f) => f,
+                None => return Reply::error(unique, libc::EBADF),
+            },
         };
         let mut buf = vec![0u8; size.min(MAX_READ) as usize];
         let mut done = 0;
@@ -662,6 +826,14 @@ impl Server {
             }
         }
         Reply::ok(unique).bytes(&buf[..done])
+    }
+
+    /// The file of a handle a predecessor opened (it names its node, whose
+    /// object was in the store when it was opened), opened again.
+    fn predecessor_file(&self, fh: u64) -> Option<Arc<File>> {
+        let i = self.journal_index(fh >> FH_SHIFT)?;
+        let id = self.journal.as_ref()?.objects[i];
+        File::open(self.store.object_path(&id)).ok().map(Arc::new)
     }
 
     /// Directory listings: ".", "..", and for the root the 256 fan-out
