@@ -9,7 +9,12 @@
 //!
 //! The layer must be served for as long as the overlay exists, and `cairn
 //! mount` returns once the overlay is attached, so the server is a process
-//! of its own, forked before anything is mounted:
+//! of its own, forked before anything is mounted. It is two: a supervisor
+//! (one thread) that holds the `/dev/fuse` connection and the journal
+//! (`cairn_fuse::Resumable`), and a worker it forks, which serves; when a
+//! worker dies by a signal while the connection lives, the supervisor forks
+//! a successor that goes on serving the same connection
+//! (docs/lazy-fuse.md, "Surviving the server"). The first worker:
 //!
 //! 1. the server mounts the FUSE layer at `<store>/lazy/<name>/` and says
 //!    "ready" (or why not) through a pipe;

@@ -964,6 +964,119 @@ mod tests {
         assert_eq!(nodes.by_id.len(), nodes.nodes.len());
     }
 
+    /// A request as the kernel frames it.
+    fn request(opcode: u32, unique: u64, nodeid: u64, body: &[u8]) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&((proto::IN_HEADER_LEN + body.len()) as u32).to_ne_bytes());
+        m.extend_from_slice(&opcode.to_ne_bytes());
+        m.extend_from_slice(&unique.to_ne_bytes());
+        m.extend_from_slice(&nodeid.to_ne_bytes());
+        m.extend_from_slice(&[0u8; 16]);
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// The replies written so far: (unique, error, body).
+    fn replies(r: &OwnedFd) -> Vec<(u64, i32, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        rustix::fs::fcntl_setfl(r, rustix::fs::OFlags::NONBLOCK).unwrap();
+        let mut all = Vec::new();
+        while let Ok(n) = rustix::io::read(r, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+        }
+        let mut at = 0;
+        while at + 16 <= all.len() {
+            let len = u32::from_ne_bytes(all[at..at + 4].try_into().unwrap()) as usize;
+            let err = i32::from_ne_bytes(all[at + 4..at + 8].try_into().unwrap());
+            let unique = u64::from_ne_bytes(all[at + 8..at + 16].try_into().unwrap());
+            out.push((unique, err, all[at + 16..at + len].to_vec()));
+            at += len;
+        }
+        out
+    }
+
+    /// A server with a journal, then a successor on the same journal (as
+    /// after the first was killed): the successor answers for the first
+    /// one's node ids and handles, answers the request it left, and keeps
+    /// the open counts.
+    #[test]
+    fn a_successor_answers_for_its_predecessor() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("store")).unwrap());
+        let a = store.import_bytes(&[1u8; 100]).unwrap();
+        let b = store.import_bytes(&[2u8; 200]).unwrap();
+        let stranger = store.import_bytes(&[3u8; 300]).unwrap();
+        let journal = crate::Resumable::create(vec![b, a]).unwrap().0;
+        let start = |dev: OwnedFd| {
+            let fetcher = Fetcher::start(
+                store.clone(),
+                Arc::new(crate::NoSource),
+                std::time::Duration::from_secs(1),
+                2,
+                1,
+            )
+            .unwrap();
+            Arc::new(Server::new(dev, store.clone(), fetcher, 64, 1).with_journal(journal.clone()))
+        };
+        let lookup = |unique, id: &ObjectId| {
+            let hex = id.to_hex();
+            let mut name = hex.as_bytes()[2..].to_vec();
+            name.push(0);
+            request(proto::opcode::LOOKUP, unique, 2 + hex_byte(&hex), &name)
+        };
+        let (r1, w1) = rustix::pipe::pipe().unwrap();
+        let first = start(w1);
+        first.handle(&lookup(1, &a));
+        first.handle(&request(proto::opcode::OPEN, 2, 0, &[0u8; 8]));
+        let node = FIRST_OBJECT_ID + journal.index(&a).unwrap() as u64;
+        first.handle(&request(proto::opcode::OPEN, 3, node, &[0u8; 8]));
+        let got = replies(&r1);
+        assert_eq!(got[0].1, 0);
+        assert_eq!(u64::from_ne_bytes(got[0].2[..8].try_into().unwrap()), node);
+        assert_eq!(got[1].1, -libc::ENOENT);
+        assert_eq!(got[2].1, 0, "{got:?}");
+        let fh = u64::from_ne_bytes(got[2].2[..8].try_into().unwrap());
+        assert_eq!(fh >> FH_SHIFT, node);
+        assert_eq!(
+            journal.live_nodes(),
+            vec![(journal.index(&a).unwrap(), 1, None)]
+        );
+        // Killed with a GETATTR in hand.
+        journal.record(&request(proto::opcode::GETATTR, 4, node, &[0u8; 16]));
+        drop(first);
+
+        let (r2, w2) = rustix::pipe::pipe().unwrap();
+        let successor = start(w2);
+        successor.resume();
+        let got = replies(&r2);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!((got[0].0, got[0].1), (4, 0));
+        // Its lookups give the same node; a READ and a RELEASE of the
+        // predecessor's handle work.
+        successor.handle(&lookup(5, &a));
+        successor.handle(&lookup(6, &stranger));
+        let mut read = fh.to_ne_bytes().to_vec();
+        read.extend_from_slice(&0u64.to_ne_bytes());
+        read.extend_from_slice(&10u32.to_ne_bytes());
+        read.extend_from_slice(&[0u8; 20]);
+        successor.handle(&request(proto::opcode::READ, 7, node, &read));
+        let mut release = fh.to_ne_bytes().to_vec();
+        release.extend_from_slice(&[0u8; 16]);
+        successor.handle(&request(proto::opcode::RELEASE, 8, node, &release));
+        let got = replies(&r2);
+        assert_eq!(u64::from_ne_bytes(got[0].2[..8].try_into().unwrap()), node);
+        assert_eq!(got[1].1, -libc::ENOENT, "not in the list");
+        assert_eq!((got[2].1, &got[2].2[..]), (0, &[1u8; 10][..]));
+        assert_eq!(got[3].1, 0);
+        assert!(journal.live_nodes().is_empty());
+        // Nothing is left recorded.
+        assert!(journal.take_requests().is_empty());
+    }
+
     fn hex_byte(hex: &str) -> u64 {
         u64::from_str_radix(&hex[..2], 16).unwrap()
     }
