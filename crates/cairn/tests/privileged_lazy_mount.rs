@@ -851,3 +851,97 @@ fn privileged_lazy_run_reads_on_when_its_server_is_killed_or_restarted() {
     support::assert_fsck_clean(&l.b, "after the killed server");
     support::assert_fsck_clean(&c, "after the restarted server");
 }
+
+/// `cairn mount --lazy` (the layer detached, the overlay alone holding
+/// it): an open waits for a fetch that cannot finish (the registry is
+/// paused) when the worker is killed; the successor answers that open
+/// once the registry is back, the data read is right, files opened before
+/// read on, and unmounting ends the server and leaves nothing.
+#[test]
+fn privileged_lazy_mount_answers_an_open_its_killed_server_left_waiting() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let proxy = SlowProxy::start(&reg.addr, 64 << 10);
+    let l = lazy_setup(&reg, "lazy/killed", Some(&proxy.addr));
+    let full = mount(
+        &l.a,
+        &l.reference.replace(&proxy.addr, &reg.addr),
+        &l.dir.path().join("mnt-a"),
+    );
+    let lazy = lazy_mount(
+        &l,
+        "mnt-b",
+        &[
+            "--lazy-fetch",
+            "on-demand",
+            "--coalesce",
+            "0",
+            "--fetch-timeout",
+            "60s",
+        ],
+    );
+    wait_for_no_lazy_mount(&l.b);
+    let (early, missing) = ("data/read-me.bin", "data/unread-11.txt");
+    let want_early = fs::read(full.target.join(early)).unwrap();
+    let want_missing = fs::read(full.target.join(missing)).unwrap();
+    // Open before the kill, read after it.
+    let mut held = fs::File::open(lazy.target.join(early)).unwrap();
+    let server = wait_for_server(&l.b, "serving", |s| s["restarts"] == 0);
+    let worker = server["worker"].as_i64().unwrap() as i32;
+
+    proxy.pause();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = lazy.target.join(missing);
+    let reader = std::thread::spawn(move || {
+        let _ = tx.send(fs::read(path));
+    });
+    // The open is waiting for its fetch.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        rx.try_recv().is_err(),
+        "the read did not wait for the registry"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(worker).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let successor = wait_for_server(&l.b, "restarted", |s| s["restarts"] == 1);
+    assert_ne!(successor["worker"], server["worker"]);
+    proxy.resume();
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the open left waiting was never answered")
+        .expect("reading through the successor");
+    reader.join().unwrap();
+    assert!(got == want_missing, "{missing} differs");
+    let logs = lazy_logs(&l.b);
+    assert!(
+        logs.contains("requests a killed predecessor left"),
+        "the successor answered no request left: {logs}"
+    );
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut held, &mut bytes).unwrap();
+    assert!(bytes == want_early, "{early} differs");
+    drop(held);
+    // Everything reads as the full pull.
+    let (ta, tb) = (tree(&full.target), tree(&lazy.target));
+    assert!(ta == tb, "the trees differ");
+
+    let supervisor = server["supervisor"].as_i64().unwrap() as i32;
+    drop(lazy);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while process_exists(supervisor) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        !process_exists(supervisor),
+        "the supervisor {supervisor} is still running"
+    );
+    let left: Vec<_> = fs::read_dir(l.b.join("lazy"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in lazy/: {left:?}");
+    drop(full);
+}

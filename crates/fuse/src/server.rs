@@ -315,7 +315,10 @@ impl Server {
         }
         let left = j.take_requests();
         if !left.is_empty() {
-            tracing::info!("answering {} requests a predecessor left", left.len());
+            tracing::warn!(
+                "answering {} requests a killed predecessor left",
+                left.len()
+            );
         }
         for msg in left {
             match proto::InHeader::parse(&msg) {
