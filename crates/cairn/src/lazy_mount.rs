@@ -283,6 +283,9 @@ impl LazyLayer {
                     journal,
                     device,
                     attached: None,
+                    exe: fs::read_link("/proc/self/exe")
+                        .ok()
+                        .filter(|p| !p.to_string_lossy().ends_with(" (deleted)")),
                 },
                 Detached { devnull, log },
                 fs::File::from(ready_w),
@@ -380,6 +383,9 @@ struct Served {
     /// The pipe on which `cairn mount` tells that the overlay is attached
     /// (one byte) or that it failed (closed without a word).
     attached: Option<fs::File>,
+    /// The `cairn` binary the mount was started from: successors run
+    /// what is at this path then (an upgrade), if it starts.
+    exe: Option<PathBuf>,
 }
 
 /// How a worker starts.
@@ -402,6 +408,11 @@ mod mark {
     /// The FUSE mount is detached (the overlay alone holds it).
     pub const DETACHED: u8 = 2;
 }
+
+/// The exit status of `cairn lazy worker` when it could not take over
+/// (its binary cannot read what it was given): the supervisor then starts
+/// a fork of itself instead.
+const EXIT_CANNOT_RESUME: i32 = 3;
 
 /// A worker that lives at least this long resets the back-off.
 const STABLE: Duration = Duration::from_secs(10);
@@ -435,6 +446,8 @@ fn supervise(mut served: Served, streams: Detached, ready: fs::File, attached: f
     let mut restarts = 0u32;
     let mut quick = 0u32;
     let mut delay = Duration::from_millis(100);
+    // Successors exec `served.exe` until one of them cannot start there.
+    let mut exec_allowed = true;
     let code = loop {
         let began = std::time::Instant::now();
         // SAFETY: this process has one thread (it was forked from one that
@@ -449,7 +462,18 @@ fn supervise(mut served: Served, streams: Detached, ready: fs::File, attached: f
             break 1;
         }
         if pid == 0 {
-            let code = worker(&mut served, start.take().unwrap_or(Start::Successor));
+            let start = start.take().unwrap_or(Start::Successor);
+            if matches!(start, Start::Successor) && exec_allowed {
+                if let Some(exe) = served.exe.clone() {
+                    let e = exec_worker(&served, &exe);
+                    eprintln!(
+                        "cairn lazy layer for image {digest}: running {} as the successor: {e}; \
+                         going on with this process's code",
+                        exe.display()
+                    );
+                }
+            }
+            let code = worker(&mut served, start);
             std::process::exit(code);
         }
         // The first worker's pipes are its own: `cairn mount` reads until
@@ -468,6 +492,14 @@ fn supervise(mut served: Served, streams: Detached, ready: fs::File, attached: f
             }
         };
         if libc::WIFEXITED(status) {
+            if libc::WEXITSTATUS(status) == EXIT_CANNOT_RESUME && exec_allowed && restarts > 0 {
+                eprintln!(
+                    "cairn lazy layer for image {digest}: the successor could not start from \
+                     the binary; successors are forks of this process from now on"
+                );
+                exec_allowed = false;
+                continue;
+            }
             break libc::WEXITSTATUS(status);
         }
         let signal = if libc::WIFSIGNALED(status) {
@@ -550,9 +582,10 @@ fn write_status(path: &Path, worker: i32, digest: &str, restarts: u32) {
 /// connection. Returns its exit status: 0 (done, no fetch failed), 2
 /// (done, some fetch failed: the log stays), 1 (could not serve).
 fn worker(served: &mut Served, start: Start) -> i32 {
-    let (Some(store), Some(remote)) = (served.store.take(), served.remote.take()) else {
+    let Some(store) = served.store.take() else {
         return 1;
     };
+    let remote = served.remote.take();
     let digest = served.digest.as_str();
     let dir = served.dir.as_path();
     let settings = &served.settings;
@@ -575,10 +608,18 @@ fn worker(served: &mut Served, start: Start) -> i32 {
         }
     };
     let store = Arc::new(store);
-    let source = Arc::new(RemoteSource {
-        remote,
-        coalesce: settings.lazy.coalesce,
+    // No lazy source (a successor that found the image complete): every
+    // object is local.
+    let remote = remote.map(|remote| {
+        Arc::new(RemoteSource {
+            remote,
+            coalesce: settings.lazy.coalesce,
+        })
     });
+    let source: Arc<dyn ObjectSource> = match &remote {
+        Some(r) => r.clone(),
+        None => Arc::new(cairn_fuse::NoSource),
+    };
     let journal = served.journal.clone();
     let mut mount = match start {
         Start::First { mut ready } => {
@@ -627,7 +668,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
     let open_log = mount.open_log();
     let record = settings.lazy.record_prefetch.clone();
     let result = if told {
-        if settings.lazy.lazy_fetch == LazyFetch::Background {
+        if let (LazyFetch::Background, Some(source)) = (settings.lazy.lazy_fetch, &remote) {
             let bg = mount.background();
             let owned = digest.to_owned();
             let client = settings.client.clone();
@@ -830,6 +871,9 @@ pub(crate) enum LazyCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A successor started by a lazy server's supervisor (not for use by hand).
+    #[command(hide = true)]
+    Worker,
     /// Restart the worker of a lazy server (by its name, its image's digest or a prefix of it, or `all`): the supervisor starts a successor, which goes on serving the same connection; the container notices nothing.
     Restart {
         /// A name from `cairn lazy list`, an image digest (or prefix), or `all`.
@@ -894,6 +938,13 @@ fn servers(root: &Path) -> Result<Vec<ServerInfo>> {
 
 pub(crate) fn command(root: &Path, cmd: LazyCommand) -> Result<()> {
     match cmd {
+        LazyCommand::Worker => {
+            let code = lazy_worker().unwrap_or_else(|e| {
+                eprintln!("cairn lazy worker: {e:#}");
+                EXIT_CANNOT_RESUME
+            });
+            std::process::exit(code);
+        }
         LazyCommand::List { json } => {
             let list = servers(root)?;
             if json {
@@ -966,4 +1017,218 @@ pub(crate) fn command(root: &Path, cmd: LazyCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// What a successor that runs a new binary (`cairn lazy worker`) is told,
+/// as JSON on descriptor 6; descriptors 3, 4 and 5 are the connection, the
+/// journal and (if `attached`) the "attached" pipe, and stderr is the log.
+/// The format is between one cairn and the next: fields may be added.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WorkerSpec {
+    root: PathBuf,
+    digest: String,
+    dir: PathBuf,
+    attached: bool,
+    on_demand: bool,
+    fetch_timeout_ms: u64,
+    coalesce: u64,
+    record_prefetch: Option<PathBuf>,
+    insecure: bool,
+    connect_timeout_ms: u64,
+    read_timeout_ms: u64,
+    max_attempts: u32,
+    backoff_ms: u64,
+    max_backoff_ms: u64,
+    auth_files: Vec<PathBuf>,
+    credentials: Option<(String, String)>,
+    user_agent: String,
+}
+
+/// Where `cairn lazy worker` finds what it is given.
+const FD_DEVICE: i32 = 3;
+const FD_JOURNAL: i32 = 4;
+const FD_ATTACHED: i32 = 5;
+const FD_SPEC: i32 = 6;
+
+/// In a forked child of the supervisor: runs `exe lazy worker` with the
+/// connection, the journal, the pipe and the settings. Returns only if
+/// that could not be done.
+fn exec_worker(served: &Served, exe: &Path) -> io::Error {
+    let Some(store) = served.store.as_ref() else {
+        return io::Error::other("no store");
+    };
+    let s = &served.settings;
+    let c = &s.client;
+    let spec = WorkerSpec {
+        root: store.root().to_path_buf(),
+        digest: served.digest.clone(),
+        dir: served.dir.clone(),
+        attached: served.attached.is_some(),
+        on_demand: s.lazy.lazy_fetch == LazyFetch::OnDemand,
+        fetch_timeout_ms: s.lazy.fetch_timeout.as_millis() as u64,
+        coalesce: s.lazy.coalesce,
+        record_prefetch: s.lazy.record_prefetch.clone(),
+        insecure: c.insecure,
+        connect_timeout_ms: c.connect_timeout.as_millis() as u64,
+        read_timeout_ms: c.read_timeout.as_millis() as u64,
+        max_attempts: c.max_attempts,
+        backoff_ms: c.backoff.as_millis() as u64,
+        max_backoff_ms: c.max_backoff.as_millis() as u64,
+        auth_files: c.auth_files.clone(),
+        credentials: c
+            .credentials
+            .as_ref()
+            .map(|k| (k.username.clone(), k.password.clone())),
+        user_agent: c.user_agent.clone(),
+    };
+    let spec_fd = match rustix::fs::memfd_create("cairn-lazy-spec", rustix::fs::MemfdFlags::CLOEXEC)
+    {
+        Ok(fd) => fd,
+        Err(e) => return e.into(),
+    };
+    let mut spec_file = fs::File::from(spec_fd);
+    let json = serde_json::to_vec(&spec).expect("a spec serializes");
+    if let Err(e) = spec_file
+        .write_all(&json)
+        .and_then(|()| io::Seek::seek(&mut spec_file, io::SeekFrom::Start(0)).map(|_| ()))
+    {
+        return e;
+    }
+    let journal = served.journal.as_fd().as_raw_fd();
+    let sources = [
+        (served.device.as_raw_fd(), FD_DEVICE),
+        (journal, FD_JOURNAL),
+        (
+            served.attached.as_ref().map_or(-1, |a| a.as_raw_fd()),
+            FD_ATTACHED,
+        ),
+        (spec_file.as_raw_fd(), FD_SPEC),
+    ];
+    // First out of the way (above the targets), then into place: dup2
+    // clears close-on-exec.
+    let mut high = Vec::new();
+    for (fd, _) in sources {
+        if fd < 0 {
+            high.push(-1);
+            continue;
+        }
+        // SAFETY: a plain system call on a descriptor of this process.
+        let h = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100) };
+        if h < 0 {
+            return io::Error::last_os_error();
+        }
+        high.push(h);
+    }
+    for (h, (_, target)) in high.iter().zip(sources) {
+        // SAFETY: plain system calls on descriptors of this process.
+        unsafe {
+            if *h < 0 {
+                libc::close(target);
+            } else if libc::dup2(*h, target) < 0 {
+                return io::Error::last_os_error();
+            }
+        }
+    }
+    use std::os::unix::process::CommandExt;
+    // exec only returns on failure.
+    let e = std::process::Command::new(exe)
+        .arg0("cairn")
+        .arg("--root")
+        .arg(&spec.root)
+        .args(["lazy", "worker"])
+        .exec();
+    // Put nothing back: this process goes on as an in-process worker,
+    // which uses its own descriptors, not 3 to 6.
+    e
+}
+
+/// `cairn lazy worker`: a successor started by a supervisor, running
+/// this binary (which may be newer than the supervisor's).
+fn lazy_worker() -> Result<i32> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the supervisor placed these descriptors before exec; nothing
+    // else in this process owns them.
+    let (device, journal_fd, spec_file) = unsafe {
+        (
+            OwnedFd::from_raw_fd(FD_DEVICE),
+            OwnedFd::from_raw_fd(FD_JOURNAL),
+            fs::File::from_raw_fd(FD_SPEC),
+        )
+    };
+    let mut json = Vec::new();
+    spec_file
+        .take(1 << 20)
+        .read_to_end(&mut json)
+        .context("reading the worker's settings")?;
+    let spec: WorkerSpec = serde_json::from_slice(&json).context("the worker's settings")?;
+    // SAFETY: as above.
+    let attached = spec
+        .attached
+        .then(|| unsafe { fs::File::from_raw_fd(FD_ATTACHED) });
+    let store = Store::open(&spec.root)
+        .with_context(|| format!("opening the store at {}", spec.root.display()))?;
+    let objects: Vec<ObjectId> = store
+        .image_contents(&spec.digest)
+        .with_context(|| format!("reading image {}", spec.digest))?
+        .objects
+        .into_keys()
+        .collect();
+    let journal =
+        cairn_fuse::Resumable::open(journal_fd, objects).context("the lazy layer's journal")?;
+    let fetch_timeout = Duration::from_millis(spec.fetch_timeout_ms.max(1));
+    let client = cairn_oci::ClientOptions {
+        insecure: spec.insecure,
+        connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
+        read_timeout: Duration::from_millis(spec.read_timeout_ms),
+        max_attempts: spec.max_attempts,
+        backoff: Duration::from_millis(spec.backoff_ms),
+        max_backoff: Duration::from_millis(spec.max_backoff_ms),
+        auth_files: spec.auth_files.clone(),
+        credentials: spec.credentials.clone().map(|(username, password)| {
+            cairn_oci::auth::Credentials {
+                username,
+                password,
+                source: None,
+            }
+        }),
+        user_agent: spec.user_agent.clone(),
+    };
+    let mut server_client = client.clone();
+    server_client.read_timeout = server_client.read_timeout.min(fetch_timeout);
+    let remote = match RemoteObjects::open(&store, &spec.digest, &server_client) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!(
+                "cairn lazy layer for image {}: no lazy source ({e}); serving what is local",
+                spec.digest
+            );
+            None
+        }
+    };
+    let mut served = Served {
+        store: Some(store),
+        remote,
+        dir: spec.dir,
+        log_path: PathBuf::new(),
+        pid_path: PathBuf::new(),
+        digest: spec.digest,
+        settings: Settings {
+            lazy: LazyArgs {
+                lazy_fetch: if spec.on_demand {
+                    LazyFetch::OnDemand
+                } else {
+                    LazyFetch::Background
+                },
+                fetch_timeout,
+                coalesce: spec.coalesce,
+                record_prefetch: spec.record_prefetch,
+            },
+            client,
+        },
+        journal,
+        device,
+        attached,
+        exe: None,
+    };
+    Ok(worker(&mut served, Start::Successor))
 }

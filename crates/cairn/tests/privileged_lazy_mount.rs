@@ -692,8 +692,9 @@ fn lazy_logs(root: &Path) -> String {
 enum Interrupt {
     /// SIGKILL: no chance to hand anything over.
     Kill,
-    /// `cairn lazy restart`.
-    Restart,
+    /// `cairn lazy restart` after the binary the mount was started from
+    /// was replaced (an upgrade): the successor runs the new one.
+    Upgrade,
 }
 
 /// `cairn run --lazy` of a loop that reads the 40 small files of the image
@@ -706,7 +707,20 @@ enum Interrupt {
 fn run_through_a_worker_restart(l: &Lazy, store: &Path, how: Interrupt, full_out: &str) {
     use std::io::BufRead;
     let script = script();
-    let mut child = support::cairn_cmd(store)
+    // An upgrade replaces the binary the mount was started from: a copy.
+    let exe = l.dir.path().join("bin/cairn");
+    fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    fs::copy(env!("CARGO_BIN_EXE_cairn"), &exe).unwrap();
+    let like = support::cairn_cmd(store);
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(like.get_args());
+    for (k, v) in like.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let mut child = cmd
         .args([
             "run",
             "--lazy",
@@ -755,7 +769,10 @@ fn run_through_a_worker_restart(l: &Lazy, store: &Path, how: Interrupt, full_out
             rustix::process::Signal::KILL,
         )
         .unwrap(),
-        Interrupt::Restart => {
+        Interrupt::Upgrade => {
+            let new = exe.with_extension("new");
+            fs::copy(env!("CARGO_BIN_EXE_cairn"), &new).unwrap();
+            fs::rename(&new, &exe).unwrap();
             let out = cairn_ok(
                 store,
                 &["lazy", "restart", server["name"].as_str().unwrap()],
@@ -772,6 +789,21 @@ fn run_through_a_worker_restart(l: &Lazy, store: &Path, how: Interrupt, full_out
     assert_eq!(successor["supervisor"], supervisor);
     assert_ne!(successor["worker"], worker);
     assert!(!process_exists(worker), "the old worker {worker} lives on");
+    // The successor runs the binary now at the path the mount was started
+    // from (after an upgrade: the new file; the supervisor still runs the
+    // old, replaced one).
+    let successor_exe = fs::read_link(format!("/proc/{}/exe", successor["worker"])).unwrap();
+    assert_eq!(
+        successor_exe, exe,
+        "{how:?}: the successor runs {successor_exe:?}"
+    );
+    if let Interrupt::Upgrade = how {
+        let supervisor_exe = fs::read_link(format!("/proc/{supervisor}/exe")).unwrap();
+        assert!(
+            supervisor_exe.to_string_lossy().ends_with(" (deleted)"),
+            "{supervisor_exe:?}"
+        );
+    }
 
     // gc while mounted keeps the incomplete image and what the mount
     // published.
@@ -833,7 +865,7 @@ fn script() -> String {
 }
 
 #[test]
-fn privileged_lazy_run_reads_on_when_its_server_is_killed_or_restarted() {
+fn privileged_lazy_run_reads_on_when_its_server_is_killed_or_upgraded() {
     require_root();
     let reg = LocalRegistry::start();
     let l = lazy_setup(&reg, "lazy/restart", None);
@@ -847,7 +879,7 @@ fn privileged_lazy_run_reads_on_when_its_server_is_killed_or_restarted() {
     // A second store, pulled lazily afresh, for a requested restart.
     let c = l.dir.path().join("c");
     cairn_ok(&c, &["pull", "-q", "--lazy", "--no-prefetch", &l.reference]);
-    run_through_a_worker_restart(&l, &c, Interrupt::Restart, &full);
+    run_through_a_worker_restart(&l, &c, Interrupt::Upgrade, &full);
     support::assert_fsck_clean(&l.b, "after the killed server");
     support::assert_fsck_clean(&c, "after the restarted server");
 }

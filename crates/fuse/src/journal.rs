@@ -10,7 +10,8 @@
 //!
 //! ```text
 //! header   64 bytes: "CAIRNJ01", passthrough u8 (at 8), objects u64 (at
-//!          16), eight marks of the caller's, a byte each (at 40)
+//!          16), FNV-1a of the sorted list u64 (at 24), eight marks of the
+//!          caller's, a byte each (at 40)
 //! slots    SLOTS × SLOT_LEN: len u32, then the request as read (len bytes)
 //! nodes    objects × 8: opens u32, backing id i32 (0: none), little-endian
 //! ```
@@ -73,6 +74,7 @@ impl Resumable {
         let mut header = [0u8; HEADER_LEN as usize];
         header[..8].copy_from_slice(MAGIC);
         header[16..24].copy_from_slice(&(objects.len() as u64).to_le_bytes());
+        header[24..32].copy_from_slice(&list_hash(&objects).to_le_bytes());
         file.write_all_at(&header, 0)?;
         Ok(Resumable(Arc::new(Journal {
             file,
@@ -100,10 +102,64 @@ impl Resumable {
             && b[0] == 1
     }
 
+    /// The journal of a predecessor, from its memory file `fd` (passed
+    /// across `exec` to a successor running a new binary), for the list of
+    /// `objects` the successor derived itself: refused unless the list is
+    /// the one the journal was made for.
+    pub fn open(
+        fd: std::os::fd::OwnedFd,
+        mut objects: Vec<ObjectId>,
+    ) -> std::io::Result<Resumable> {
+        objects.sort();
+        objects.dedup();
+        let file = File::from(fd);
+        let mut header = [0u8; HEADER_LEN as usize];
+        file.read_exact_at(&mut header, 0)?;
+        let n = u64::from_le_bytes(header[16..24].try_into().expect("8 bytes"));
+        let hash = u64::from_le_bytes(header[24..32].try_into().expect("8 bytes"));
+        if &header[..8] != MAGIC {
+            return Err(std::io::Error::other(
+                "not a cairn lazy journal (bad magic)",
+            ));
+        }
+        if n != objects.len() as u64 || hash != list_hash(&objects) {
+            return Err(std::io::Error::other(format!(
+                "the journal is for another list of objects ({n} objects, not {})",
+                objects.len()
+            )));
+        }
+        if file.metadata()?.len() < nodes_at() + n * NODE_LEN {
+            return Err(std::io::Error::other("the journal is too short"));
+        }
+        Ok(Resumable(Arc::new(Journal {
+            file,
+            objects: objects.into(),
+            free: Mutex::new((0..SLOTS).rev().collect()),
+        })))
+    }
+
+    /// The journal's memory file (to pass to a successor across `exec`).
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.0.file.as_fd()
+    }
+
     /// How many objects the layer serves.
     pub fn objects(&self) -> usize {
         self.0.objects.len()
     }
+}
+
+/// FNV-1a over the sorted list: that a successor derived the same list.
+fn list_hash(objects: &[ObjectId]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for id in objects {
+        for &b in &id.0 {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
 }
 
 fn nodes_at() -> u64 {
@@ -263,5 +319,14 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, SLOTS - 1);
+        // Reopened from its descriptor: only for the same list.
+        let fd = || r.as_fd().try_clone_to_owned().unwrap();
+        let ids: Vec<ObjectId> = (0..5u8).map(|b| ObjectId([b; 32])).collect();
+        let again = Resumable::open(fd(), ids.clone()).unwrap();
+        assert_eq!(again.0.live_nodes(), vec![(3, 2, Some(7))]);
+        assert!(Resumable::open(fd(), ids[1..].to_vec()).is_err());
+        let mut other = ids.clone();
+        other[4] = ObjectId([9; 32]);
+        assert!(Resumable::open(fd(), other).is_err());
     }
 }
