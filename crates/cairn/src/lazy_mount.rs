@@ -13,8 +13,9 @@
 //! (one thread) that holds the `/dev/fuse` connection and the journal
 //! (`cairn_fuse::Resumable`), and a worker it forks, which serves; when a
 //! worker dies by a signal while the connection lives, the supervisor forks
-//! a successor that goes on serving the same connection
-//! (docs/lazy-fuse.md, "Surviving the server"). The first worker:
+//! a successor that goes on serving the same connection, running the
+//! `cairn` binary then on disk (`cairn lazy worker`; docs/lazy-fuse.md,
+//! "Surviving the server"). The first worker:
 //!
 //! 1. the server mounts the FUSE layer at `<store>/lazy/<name>/` and says
 //!    "ready" (or why not) through a pipe;
@@ -466,11 +467,14 @@ fn supervise(mut served: Served, streams: Detached, ready: fs::File, attached: f
             if matches!(start, Start::Successor) && exec_allowed {
                 if let Some(exe) = served.exe.clone() {
                     let e = exec_worker(&served, &exe);
+                    // Descriptors 3 to 6 may have been replaced: this
+                    // process cannot serve; the supervisor starts a fork
+                    // of itself instead.
                     eprintln!(
-                        "cairn lazy layer for image {digest}: running {} as the successor: {e}; \
-                         going on with this process's code",
+                        "cairn lazy layer for image {digest}: running {} as the successor: {e}",
                         exe.display()
                     );
+                    std::process::exit(EXIT_CANNOT_RESUME);
                 }
             }
             let code = worker(&mut served, start);
@@ -1130,16 +1134,13 @@ fn exec_worker(served: &Served, exe: &Path) -> io::Error {
         }
     }
     use std::os::unix::process::CommandExt;
-    // exec only returns on failure.
-    let e = std::process::Command::new(exe)
+    // exec only returns on failure (and then this process exits).
+    std::process::Command::new(exe)
         .arg0("cairn")
         .arg("--root")
         .arg(&spec.root)
         .args(["lazy", "worker"])
-        .exec();
-    // Put nothing back: this process goes on as an in-process worker,
-    // which uses its own descriptors, not 3 to 6.
-    e
+        .exec()
 }
 
 /// `cairn lazy worker`: a successor started by a supervisor, running
@@ -1155,6 +1156,10 @@ fn lazy_worker() -> Result<i32> {
             fs::File::from_raw_fd(FD_SPEC),
         )
     };
+    let st = rustix::fs::fstat(&device).context("descriptor 3")?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::CharacterDevice {
+        bail!("descriptor 3 is not /dev/fuse: `cairn lazy worker` is started by a lazy server");
+    }
     let mut json = Vec::new();
     spec_file
         .take(1 << 20)

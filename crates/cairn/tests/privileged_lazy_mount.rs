@@ -803,6 +803,21 @@ fn run_through_a_worker_restart(l: &Lazy, store: &Path, how: Interrupt, full_out
             supervisor_exe.to_string_lossy().ends_with(" (deleted)"),
             "{supervisor_exe:?}"
         );
+        // With no binary at the path any more, the successor is a fork of
+        // the supervisor (its old code), and serves all the same.
+        fs::remove_file(&exe).unwrap();
+        cairn_ok(
+            store,
+            &["lazy", "restart", successor["name"].as_str().unwrap()],
+        );
+        // (The worker that failed to exec is listed for a moment.)
+        wait_for_server(store, "restarted again as a fork", |s| {
+            s["restarts"] == 2
+                && fs::read_link(format!("/proc/{}/exe", s["worker"]))
+                    .ok()
+                    .as_ref()
+                    == Some(&supervisor_exe)
+        });
     }
 
     // gc while mounted keeps the incomplete image and what the mount
