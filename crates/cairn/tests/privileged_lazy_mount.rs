@@ -992,3 +992,68 @@ fn privileged_lazy_mount_answers_an_open_its_killed_server_left_waiting() {
     assert!(left.is_empty(), "left in lazy/: {left:?}");
     drop(full);
 }
+
+/// A worker that dies again and again right after its start is not
+/// restarted forever: the successors come slower and slower, and after 8
+/// quick deaths in a row the supervisor gives up, says so in its log, and
+/// the layer's connection ends (opens of missing files then fail); the
+/// overlay still unmounts.
+#[test]
+fn privileged_lazy_server_crash_loop_backs_off_and_gives_up() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let l = lazy_setup(&reg, "lazy/crashloop", None);
+    let lazy = lazy_mount(&l, "mnt-b", &["--lazy-fetch", "on-demand"]);
+    let start = std::time::Instant::now();
+    let mut gaps = Vec::new();
+    let mut last = wait_for_server(&l.b, "serving", |_| true);
+    let supervisor = last["supervisor"].as_i64().unwrap() as i32;
+    loop {
+        let worker = last["worker"].as_i64().unwrap() as i32;
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(worker).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+        let killed = std::time::Instant::now();
+        // The next worker, or the end.
+        let deadline = killed + std::time::Duration::from_secs(30);
+        let next = loop {
+            let list = lazy_servers(&l.b);
+            if list.is_empty() {
+                break None;
+            }
+            if list[0]["worker"].as_i64() != Some(worker as i64) {
+                break Some(list[0].clone());
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no successor: {list:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        match next {
+            Some(n) => {
+                gaps.push(killed.elapsed());
+                last = n;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(gaps.len(), 8, "{gaps:?}");
+    // Backing off: the last successors came later than the first.
+    assert!(
+        gaps[7] >= std::time::Duration::from_millis(1500) && gaps[7] > gaps[1] * 4,
+        "{gaps:?}"
+    );
+    assert!(start.elapsed() < std::time::Duration::from_secs(60));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while process_exists(supervisor) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!process_exists(supervisor));
+    let logs = lazy_logs(&l.b);
+    assert!(logs.contains("giving up"), "{logs}");
+    let err = fs::read(lazy.target.join("data/unread-03.txt")).expect_err("read after the end");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    drop(lazy);
+}
