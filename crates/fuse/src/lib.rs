@@ -20,13 +20,17 @@
 //!
 //! Entry points: [`serve`] mounts and serves; [`FuseMount::unmount`] ends
 //! it; [`FuseMount::hand_over`] and [`take_over`] move a live connection
-//! to a successor process over a unix socket.
+//! to a successor process over a unix socket; [`serve_on`] with
+//! [`ServeOptions::resumable`] keeps a journal from which [`resume`] goes
+//! on serving a connection whose server was killed (another process kept
+//! its descriptor).
 //!
 //! Modules: `proto` parses requests and builds replies (pure), `dev` holds
 //! the system calls on `/dev/fuse` (and the crate's only `unsafe`, the two
 //! passthrough ioctls), `server` the tree, the node and handle tables and
 //! the dispatch, `fetch` the fetches of missing objects, `handover` the
-//! hand-over format.
+//! hand-over format, `journal` the state that outlives a killed server
+//! (fixed size: 64 + 512 × 256 + 8 × objects bytes, in a memfd).
 //!
 //! # Memory bound
 //!
