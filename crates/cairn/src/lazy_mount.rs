@@ -9,7 +9,13 @@
 //!
 //! The layer must be served for as long as the overlay exists, and `cairn
 //! mount` returns once the overlay is attached, so the server is a process
-//! of its own, forked before anything is mounted:
+//! of its own, forked before anything is mounted. It is two: a supervisor
+//! (one thread) that holds the `/dev/fuse` connection and the journal
+//! (`cairn_fuse::Resumable`), and a worker it forks, which serves; when a
+//! worker dies by a signal while the connection lives, the supervisor forks
+//! a successor that goes on serving the same connection, running the
+//! `cairn` binary then on disk (`cairn lazy worker`; docs/lazy-fuse.md,
+//! "Surviving the server"). The first worker:
 //!
 //! 1. the server mounts the FUSE layer at `<store>/lazy/<name>/` and says
 //!    "ready" (or why not) through a pipe;
@@ -198,6 +204,18 @@ impl LazyLayer {
                     .with_context(|| format!("the prefetch list path {}", f.display()))?,
             );
         }
+        // The layer serves the image's objects and nothing else; their
+        // sorted list gives each its node id, so that a successor of a
+        // killed server answers for the same nodes (docs/lazy-fuse.md).
+        let objects: Vec<ObjectId> = store
+            .image_contents(digest)
+            .with_context(|| format!("reading image {digest}"))?
+            .objects
+            .into_keys()
+            .collect();
+        let journal = cairn_fuse::Resumable::create(objects)
+            .context("making the lazy layer's journal (memfd)")?;
+        let device = cairn_fuse::open_device().context("the lazy data layer")?;
         // Everything that can refuse comes before anything is created, so a
         // refusal leaves nothing under lazy/.
         let devnull = fs::OpenOptions::new()
@@ -251,15 +269,24 @@ impl LazyLayer {
         if pid == 0 {
             drop(ready_r);
             drop(attached_w);
-            let code = server(
-                store,
-                remote,
-                &dir,
-                &log_path,
-                digest,
-                Settings {
-                    lazy: lazy_args,
-                    client: client.clone(),
+            let code = supervise(
+                Served {
+                    store: Some(store),
+                    remote: Some(remote),
+                    dir,
+                    log_path,
+                    pid_path: lazy.join(format!("{name}.pid")),
+                    digest: digest.to_owned(),
+                    settings: Settings {
+                        lazy: lazy_args,
+                        client: client.clone(),
+                    },
+                    journal,
+                    device,
+                    attached: None,
+                    exe: fs::read_link("/proc/self/exe")
+                        .ok()
+                        .filter(|p| !p.to_string_lossy().ends_with(" (deleted)")),
                 },
                 Detached { devnull, log },
                 fs::File::from(ready_w),
@@ -336,19 +363,75 @@ struct Settings {
     client: cairn_oci::ClientOptions,
 }
 
-/// The server process: returns its exit status.
-#[allow(clippy::too_many_arguments)]
-fn server(
-    store: Store,
-    remote: RemoteObjects,
-    dir: &Path,
-    log_path: &Path,
-    digest: &str,
+/// What a worker serves, kept by the supervisor for each successor.
+struct Served {
+    /// Taken by each worker (a fork: the supervisor's copy stays).
+    store: Option<Store>,
+    remote: Option<RemoteObjects>,
+    /// The FUSE mountpoint (detached once the overlay stands on it).
+    dir: PathBuf,
+    log_path: PathBuf,
+    /// `<store>/lazy/<name>.pid`: who serves (`cairn lazy list`).
+    pid_path: PathBuf,
+    digest: String,
     settings: Settings,
-    streams: Detached,
-    mut ready: fs::File,
-    mut attached: fs::File,
-) -> i32 {
+    /// The image's objects (node ids) and the state that survives a
+    /// worker (a memfd).
+    journal: cairn_fuse::Resumable,
+    /// The connection: the supervisor's descriptor keeps it alive while
+    /// no worker runs.
+    device: OwnedFd,
+    /// The pipe on which `cairn mount` tells that the overlay is attached
+    /// (one byte) or that it failed (closed without a word).
+    attached: Option<fs::File>,
+    /// The `cairn` binary the mount was started from: successors run
+    /// what is at this path then (an upgrade), if it starts.
+    exe: Option<PathBuf>,
+}
+
+/// How a worker starts.
+enum Start {
+    /// The first: it mounts the layer and says "ready" on this pipe.
+    First { ready: fs::File },
+    /// A successor of a worker that died: it goes on serving the
+    /// connection with the journal.
+    Successor,
+}
+
+/// The journal's marks (`Resumable::set_mark`): what the workers so far
+/// have done, for a successor to know where to go on.
+mod mark {
+    /// The layer is mounted and "ready" was said: a worker that dies from
+    /// now on gets a successor.
+    pub const READY: u8 = 0;
+    /// `cairn mount` told that the overlay is attached.
+    pub const TOLD: u8 = 1;
+    /// The FUSE mount is detached (the overlay alone holds it).
+    pub const DETACHED: u8 = 2;
+}
+
+/// The exit status of `cairn lazy worker` when it could not take over
+/// (its binary cannot read what it was given): the supervisor then starts
+/// a fork of itself instead.
+const EXIT_CANNOT_RESUME: i32 = 3;
+
+/// A worker that lives at least this long resets the back-off.
+const STABLE: Duration = Duration::from_secs(10);
+/// Quick deaths in a row after which the supervisor gives up (and the
+/// connection ends: opens of the overlay then fail with ENOTCONN).
+const MAX_QUICK_DEATHS: u32 = 8;
+
+/// The supervisor: the process `cairn mount` forks. It holds the
+/// `/dev/fuse` descriptor and the journal, forks the worker that serves,
+/// and forks a successor when a worker dies by a signal (killed, or
+/// restarted with `cairn lazy restart`) while the connection lives, after
+/// a back-off if it died quickly. It has one thread, reads nothing from
+/// anyone, and ends when a worker ends by itself (the connection ended, or
+/// the start was refused). Returns its exit status.
+fn supervise(mut served: Served, streams: Detached, ready: fs::File, attached: fs::File) -> i32 {
+    // Kept for successors: a worker that dies before it is told that the
+    // overlay is attached leaves the telling to its successor.
+    served.attached = Some(attached);
     // Out of `cairn mount`'s session and away from its terminal and pipes
     // (whoever reads its output must not wait for this process).
     // SAFETY: plain system calls on descriptors this process owns.
@@ -359,56 +442,261 @@ fn server(
         libc::dup2(streams.log.as_raw_fd(), 2);
     }
     drop(streams);
+    let digest = served.digest.clone();
+    let mut start = Some(Start::First { ready });
+    let mut restarts = 0u32;
+    let mut quick = 0u32;
+    let mut delay = Duration::from_millis(100);
+    // Successors exec `served.exe` until one of them cannot start there.
+    let mut exec_allowed = true;
+    let code = loop {
+        let began = std::time::Instant::now();
+        // SAFETY: this process has one thread (it was forked from one that
+        // had, and starts none), so the child is a whole copy of it; the
+        // child never returns into this loop (it ends in `exit`).
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            eprintln!(
+                "cairn lazy layer for image {digest}: forking a worker: {}",
+                io::Error::last_os_error()
+            );
+            break 1;
+        }
+        if pid == 0 {
+            let start = start.take().unwrap_or(Start::Successor);
+            if matches!(start, Start::Successor) && exec_allowed {
+                if let Some(exe) = served.exe.clone() {
+                    let e = exec_worker(&served, &exe);
+                    // Descriptors 3 to 6 may have been replaced: this
+                    // process cannot serve; the supervisor starts a fork
+                    // of itself instead.
+                    eprintln!(
+                        "cairn lazy layer for image {digest}: running {} as the successor: {e}",
+                        exe.display()
+                    );
+                    std::process::exit(EXIT_CANNOT_RESUME);
+                }
+            }
+            let code = worker(&mut served, start);
+            std::process::exit(code);
+        }
+        // The first worker's pipes are its own: `cairn mount` reads until
+        // every write end is closed.
+        start = None;
+        write_status(&served.pid_path, pid, &digest, restarts);
+        let status = loop {
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+            if r == pid {
+                break status;
+            }
+            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                break 0;
+            }
+        };
+        if libc::WIFEXITED(status) {
+            if libc::WEXITSTATUS(status) == EXIT_CANNOT_RESUME && exec_allowed && restarts > 0 {
+                eprintln!(
+                    "cairn lazy layer for image {digest}: the successor could not start from \
+                     the binary; successors are forks of this process from now on"
+                );
+                exec_allowed = false;
+                continue;
+            }
+            break libc::WEXITSTATUS(status);
+        }
+        let signal = if libc::WIFSIGNALED(status) {
+            libc::WTERMSIG(status)
+        } else {
+            0
+        };
+        if !served.journal.marked(mark::READY) {
+            eprintln!(
+                "cairn lazy layer for image {digest}: the worker died (signal {signal}) before \
+                 the overlay was attached"
+            );
+            break 1;
+        }
+        if connection_ended(&served.device, Duration::ZERO) {
+            break 0;
+        }
+        if began.elapsed() < STABLE {
+            quick += 1;
+            if quick > MAX_QUICK_DEATHS {
+                eprintln!(
+                    "cairn lazy layer for image {digest}: {quick} workers died within \
+                     {STABLE:?} of their start; giving up (the layer's connection ends)"
+                );
+                break 1;
+            }
+        } else {
+            quick = 0;
+            delay = Duration::from_millis(100);
+        }
+        let wait = if quick > 1 { delay } else { Duration::ZERO };
+        eprintln!(
+            "cairn lazy layer for image {digest}: worker {pid} died (signal {signal}); \
+             starting a successor in {wait:?}"
+        );
+        if quick > 1 {
+            delay = (delay * 2).min(Duration::from_secs(30));
+        }
+        if connection_ended(&served.device, wait) {
+            break 0;
+        }
+        restarts += 1;
+    };
+    let _ = fs::remove_file(&served.pid_path);
+    if code == 0 {
+        let _ = fs::remove_file(&served.log_path);
+    }
+    let _ = fs::remove_dir(&served.dir);
+    code
+}
+
+/// Whether the kernel ended the connection (the overlay is gone), waiting
+/// up to `wait` for it.
+fn connection_ended(device: &OwnedFd, wait: Duration) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: device.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    }];
+    let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one pollfd, of a descriptor this process owns.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+    r > 0 && fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
+}
+
+/// Writes `<name>.pid`: the supervisor, its worker, the image, how many
+/// times the worker was restarted (atomically: a file renamed over it).
+fn write_status(path: &Path, worker: i32, digest: &str, restarts: u32) {
+    let text = format!(
+        "supervisor {}\nworker {worker}\nimage {digest}\nrestarts {restarts}\n",
+        std::process::id()
+    );
+    let tmp = path.with_extension("pid-tmp");
+    if let Err(e) = fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, path)) {
+        eprintln!("cairn lazy layer: writing {}: {e}", path.display());
+    }
+}
+
+/// A worker process: serves the layer until the kernel ends the
+/// connection. Returns its exit status: 0 (done, no fetch failed), 2
+/// (done, some fetch failed: the log stays), 1 (could not serve).
+fn worker(served: &mut Served, start: Start) -> i32 {
+    let Some(store) = served.store.take() else {
+        return 1;
+    };
+    let remote = served.remote.take();
+    let digest = served.digest.as_str();
+    let dir = served.dir.as_path();
+    let settings = &served.settings;
     let options = ServeOptions {
         source_name: format!("cairn-lazy:{digest}"),
         fetch_timeout: settings.lazy.fetch_timeout,
         max_background_fetches: BACKGROUND_JOBS,
         record_opens: settings.lazy.record_prefetch.is_some(),
+        resumable: Some(served.journal.clone()),
         ..ServeOptions::default()
     };
-    let store = Arc::new(store);
-    let store_for_record = store.clone();
-    let source = Arc::new(RemoteSource {
-        remote,
-        coalesce: settings.lazy.coalesce,
-    });
-    let mount = match cairn_fuse::serve(store.clone(), source.clone(), dir, options) {
-        Ok(m) => m,
+    let device = match served.device.try_clone() {
+        Ok(d) => d,
         Err(e) => {
-            let _ = write!(ready, "error: {e}");
-            eprintln!("cairn lazy layer {}: {e}", dir.display());
+            eprintln!(
+                "cairn lazy layer {}: duplicating /dev/fuse: {e}",
+                dir.display()
+            );
             return 1;
         }
     };
-    let _ = ready.write_all(b"ready");
-    drop(ready);
-    let mut told = [0u8; 1];
-    let told = matches!(attached.read(&mut told), Ok(1));
-    drop(attached);
+    let store = Arc::new(store);
+    // No lazy source (a successor that found the image complete): every
+    // object is local.
+    let remote = remote.map(|remote| {
+        Arc::new(RemoteSource {
+            remote,
+            coalesce: settings.lazy.coalesce,
+        })
+    });
+    let source: Arc<dyn ObjectSource> = match &remote {
+        Some(r) => r.clone(),
+        None => Arc::new(cairn_fuse::NoSource),
+    };
+    let journal = served.journal.clone();
+    let mut mount = match start {
+        Start::First { mut ready } => {
+            match cairn_fuse::serve_on(device, store.clone(), source.clone(), dir, options) {
+                Ok(m) => {
+                    journal.set_mark(mark::READY);
+                    let _ = ready.write_all(b"ready");
+                    m
+                }
+                Err(e) => {
+                    let _ = write!(ready, "error: {e}");
+                    eprintln!("cairn lazy layer {}: {e}", dir.display());
+                    return 1;
+                }
+            }
+        }
+        Start::Successor => {
+            let mounted = !journal.marked(mark::DETACHED);
+            match cairn_fuse::resume(device, store.clone(), source.clone(), dir, mounted, options) {
+                Ok(m) => {
+                    eprintln!(
+                        "cairn lazy layer for image {digest}: worker {} serves on",
+                        std::process::id()
+                    );
+                    m
+                }
+                Err(e) => {
+                    eprintln!("cairn lazy layer for image {digest}: resuming: {e}");
+                    return 1;
+                }
+            }
+        }
+    };
+    let told = journal.marked(mark::TOLD) || {
+        let mut byte = [0u8; 1];
+        let told = match served.attached.as_mut() {
+            Some(a) => matches!(a.read(&mut byte), Ok(1)),
+            None => false,
+        };
+        if told {
+            journal.set_mark(mark::TOLD);
+        }
+        told
+    };
+    served.attached = None;
     let open_log = mount.open_log();
     let record = settings.lazy.record_prefetch.clone();
     let result = if told {
-        if settings.lazy.lazy_fetch == LazyFetch::Background {
+        if let (LazyFetch::Background, Some(source)) = (settings.lazy.lazy_fetch, &remote) {
             let bg = mount.background();
             let owned = digest.to_owned();
+            let client = settings.client.clone();
+            let (store, source) = (store.clone(), source.clone());
             let spawned = std::thread::Builder::new()
                 .name("cairn-background".into())
-                .spawn(move || background(&store, &source, &bg, &owned, &settings.client));
+                .spawn(move || background(&store, &source, &bg, &owned, &client));
             if let Err(e) = spawned {
                 eprintln!("cairn lazy layer for image {digest}: no background fetch: {e}");
             }
         }
-        let r = mount.detach_and_serve();
+        let r = mount.detach().and_then(|()| {
+            journal.set_mark(mark::DETACHED);
+            mount.detach_and_serve()
+        });
         let _ = fs::remove_dir(dir);
         r
     } else {
-        let mut mount = mount;
         let r = mount.unmount();
         let _ = fs::remove_dir(dir);
         r
     };
     if let (Some(file), true) = (&record, told) {
-        match write_prefetch(&store_for_record, digest, &open_log.objects(), file) {
+        match write_prefetch(&store, digest, &open_log.objects(), file) {
             Ok(n) => eprintln!(
                 "cairn lazy layer for image {digest}: {n} opened paths written to {}",
                 file.display()
@@ -420,9 +708,10 @@ fn server(
         Ok(stats) => {
             eprintln!("cairn lazy layer for image {digest}: done: {stats:?}");
             if stats.fetches_failed == 0 && stats.fetches_timed_out == 0 {
-                let _ = fs::remove_file(log_path);
+                0
+            } else {
+                2
             }
-            0
         }
         Err(e) => {
             eprintln!("cairn lazy layer for image {digest}: {e}");
@@ -576,4 +865,375 @@ fn threads() -> io::Result<usize> {
         .find_map(|l| l.strip_prefix("Threads:"))
         .and_then(|n| n.trim().parse().ok())
         .ok_or_else(|| io::Error::other("no Threads: line in /proc/self/status"))
+}
+
+/// `cairn lazy …`.
+#[derive(clap::Subcommand, Debug)]
+pub(crate) enum LazyCommand {
+    /// List the running lazy servers of this store: name, image, supervisor and worker pids, restarts (--json: as JSON).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// A successor started by a lazy server's supervisor (not for use by hand).
+    #[command(hide = true)]
+    Worker,
+    /// Restart the worker of a lazy server (by its name, its image's digest or a prefix of it, or `all`): the supervisor starts a successor, which goes on serving the same connection; the container notices nothing.
+    Restart {
+        /// A name from `cairn lazy list`, an image digest (or prefix), or `all`.
+        server: String,
+    },
+}
+
+/// One running lazy server, from its `<name>.pid`.
+#[derive(Debug, serde::Serialize)]
+struct ServerInfo {
+    name: String,
+    image: String,
+    supervisor: i32,
+    worker: i32,
+    restarts: u32,
+}
+
+/// The lazy servers of the store at `root` whose supervisor is alive.
+fn servers(root: &Path) -> Result<Vec<ServerInfo>> {
+    let dir = root.join("lazy");
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let e = e.with_context(|| format!("reading {}", dir.display()))?;
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(name) = file.strip_suffix(".pid") else {
+            continue;
+        };
+        // Small files of our own, in a directory only root may write.
+        let Ok(text) = fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix(' '))
+                .map(str::to_owned)
+        };
+        let num = |k: &str| field(k).and_then(|v| v.parse::<i32>().ok());
+        let (Some(supervisor), Some(worker), Some(image)) =
+            (num("supervisor"), num("worker"), field("image"))
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{supervisor}")).exists() {
+            continue;
+        }
+        out.push(ServerInfo {
+            name: name.to_owned(),
+            image,
+            supervisor,
+            worker,
+            restarts: num("restarts").unwrap_or(0) as u32,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+pub(crate) fn command(root: &Path, cmd: LazyCommand) -> Result<()> {
+    match cmd {
+        LazyCommand::Worker => {
+            let code = lazy_worker().unwrap_or_else(|e| {
+                eprintln!("cairn lazy worker: {e:#}");
+                EXIT_CANNOT_RESUME
+            });
+            std::process::exit(code);
+        }
+        LazyCommand::List { json } => {
+            let list = servers(root)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!(
+                    "{:<40} {:<20} {:>10} {:>10} {:>8}",
+                    "NAME", "IMAGE", "SUPERVISOR", "WORKER", "RESTARTS"
+                );
+                for s in &list {
+                    let short = s.image.strip_prefix("sha256:").unwrap_or(&s.image);
+                    println!(
+                        "{:<40} {:<20} {:>10} {:>10} {:>8}",
+                        s.name,
+                        &short[..short.len().min(12)],
+                        s.supervisor,
+                        s.worker,
+                        s.restarts
+                    );
+                }
+            }
+            Ok(())
+        }
+        LazyCommand::Restart { server } => {
+            let list = servers(root)?;
+            let want = server.strip_prefix("sha256:").unwrap_or(&server);
+            let chosen: Vec<&ServerInfo> = list
+                .iter()
+                .filter(|s| {
+                    let image = s.image.strip_prefix("sha256:").unwrap_or(&s.image);
+                    server == "all"
+                        || s.name == server
+                        || (want.len() >= 12 && image.starts_with(want))
+                })
+                .collect();
+            if chosen.is_empty() {
+                bail!(
+                    "no running lazy server is named {server:?} or serves an image {server:?} \
+                     (`cairn lazy list` shows them; an image needs at least 12 digits)"
+                );
+            }
+            for s in chosen {
+                // The pid file may lag behind a restart: the worker must
+                // still be the supervisor's child.
+                let parent = fs::read_to_string(format!("/proc/{}/status", s.worker))
+                    .ok()
+                    .and_then(|st| {
+                        st.lines()
+                            .find_map(|l| l.strip_prefix("PPid:"))
+                            .and_then(|p| p.trim().parse::<i32>().ok())
+                    });
+                if parent != Some(s.supervisor) {
+                    bail!(
+                        "worker {} of {} is not running (restarting already?)",
+                        s.worker,
+                        s.name
+                    );
+                }
+                // The worker is a child of the supervisor; SIGTERM ends it
+                // (it handles no signal), and the supervisor forks a
+                // successor that goes on serving the connection.
+                // SAFETY: a plain system call.
+                let r = unsafe { libc::kill(s.worker, libc::SIGTERM) };
+                if r != 0 {
+                    return Err(io::Error::last_os_error())
+                        .with_context(|| format!("signalling worker {} of {}", s.worker, s.name));
+                }
+                println!("{}: worker {} restarted", s.name, s.worker);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// What a successor that runs a new binary (`cairn lazy worker`) is told,
+/// as JSON on descriptor 6; descriptors 3, 4 and 5 are the connection, the
+/// journal and (if `attached`) the "attached" pipe, and stderr is the log.
+/// The format is between one cairn and the next: fields may be added.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WorkerSpec {
+    root: PathBuf,
+    digest: String,
+    dir: PathBuf,
+    attached: bool,
+    on_demand: bool,
+    fetch_timeout_ms: u64,
+    coalesce: u64,
+    record_prefetch: Option<PathBuf>,
+    insecure: bool,
+    connect_timeout_ms: u64,
+    read_timeout_ms: u64,
+    max_attempts: u32,
+    backoff_ms: u64,
+    max_backoff_ms: u64,
+    auth_files: Vec<PathBuf>,
+    credentials: Option<(String, String)>,
+    user_agent: String,
+}
+
+/// Where `cairn lazy worker` finds what it is given.
+const FD_DEVICE: i32 = 3;
+const FD_JOURNAL: i32 = 4;
+const FD_ATTACHED: i32 = 5;
+const FD_SPEC: i32 = 6;
+
+/// In a forked child of the supervisor: runs `exe lazy worker` with the
+/// connection, the journal, the pipe and the settings. Returns only if
+/// that could not be done.
+fn exec_worker(served: &Served, exe: &Path) -> io::Error {
+    let Some(store) = served.store.as_ref() else {
+        return io::Error::other("no store");
+    };
+    let s = &served.settings;
+    let c = &s.client;
+    let spec = WorkerSpec {
+        root: store.root().to_path_buf(),
+        digest: served.digest.clone(),
+        dir: served.dir.clone(),
+        attached: served.attached.is_some(),
+        on_demand: s.lazy.lazy_fetch == LazyFetch::OnDemand,
+        fetch_timeout_ms: s.lazy.fetch_timeout.as_millis() as u64,
+        coalesce: s.lazy.coalesce,
+        record_prefetch: s.lazy.record_prefetch.clone(),
+        insecure: c.insecure,
+        connect_timeout_ms: c.connect_timeout.as_millis() as u64,
+        read_timeout_ms: c.read_timeout.as_millis() as u64,
+        max_attempts: c.max_attempts,
+        backoff_ms: c.backoff.as_millis() as u64,
+        max_backoff_ms: c.max_backoff.as_millis() as u64,
+        auth_files: c.auth_files.clone(),
+        credentials: c
+            .credentials
+            .as_ref()
+            .map(|k| (k.username.clone(), k.password.clone())),
+        user_agent: c.user_agent.clone(),
+    };
+    let spec_fd = match rustix::fs::memfd_create("cairn-lazy-spec", rustix::fs::MemfdFlags::CLOEXEC)
+    {
+        Ok(fd) => fd,
+        Err(e) => return e.into(),
+    };
+    let mut spec_file = fs::File::from(spec_fd);
+    let json = serde_json::to_vec(&spec).expect("a spec serializes");
+    if let Err(e) = spec_file
+        .write_all(&json)
+        .and_then(|()| io::Seek::seek(&mut spec_file, io::SeekFrom::Start(0)).map(|_| ()))
+    {
+        return e;
+    }
+    let journal = served.journal.as_fd().as_raw_fd();
+    let sources = [
+        (served.device.as_raw_fd(), FD_DEVICE),
+        (journal, FD_JOURNAL),
+        (
+            served.attached.as_ref().map_or(-1, |a| a.as_raw_fd()),
+            FD_ATTACHED,
+        ),
+        (spec_file.as_raw_fd(), FD_SPEC),
+    ];
+    // First out of the way (above the targets), then into place: dup2
+    // clears close-on-exec.
+    let mut high = Vec::new();
+    for (fd, _) in sources {
+        if fd < 0 {
+            high.push(-1);
+            continue;
+        }
+        // SAFETY: a plain system call on a descriptor of this process.
+        let h = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100) };
+        if h < 0 {
+            return io::Error::last_os_error();
+        }
+        high.push(h);
+    }
+    for (h, (_, target)) in high.iter().zip(sources) {
+        // SAFETY: plain system calls on descriptors of this process.
+        unsafe {
+            if *h < 0 {
+                libc::close(target);
+            } else if libc::dup2(*h, target) < 0 {
+                return io::Error::last_os_error();
+            }
+        }
+    }
+    use std::os::unix::process::CommandExt;
+    // exec only returns on failure (and then this process exits).
+    std::process::Command::new(exe)
+        .arg0("cairn")
+        .arg("--root")
+        .arg(&spec.root)
+        .args(["lazy", "worker"])
+        .exec()
+}
+
+/// `cairn lazy worker`: a successor started by a supervisor, running
+/// this binary (which may be newer than the supervisor's).
+fn lazy_worker() -> Result<i32> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the supervisor placed these descriptors before exec; nothing
+    // else in this process owns them.
+    let (device, journal_fd, spec_file) = unsafe {
+        (
+            OwnedFd::from_raw_fd(FD_DEVICE),
+            OwnedFd::from_raw_fd(FD_JOURNAL),
+            fs::File::from_raw_fd(FD_SPEC),
+        )
+    };
+    let st = rustix::fs::fstat(&device).context("descriptor 3")?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::CharacterDevice {
+        bail!("descriptor 3 is not /dev/fuse: `cairn lazy worker` is started by a lazy server");
+    }
+    let mut json = Vec::new();
+    spec_file
+        .take(1 << 20)
+        .read_to_end(&mut json)
+        .context("reading the worker's settings")?;
+    let spec: WorkerSpec = serde_json::from_slice(&json).context("the worker's settings")?;
+    // SAFETY: as above.
+    let attached = spec
+        .attached
+        .then(|| unsafe { fs::File::from_raw_fd(FD_ATTACHED) });
+    let store = Store::open(&spec.root)
+        .with_context(|| format!("opening the store at {}", spec.root.display()))?;
+    let objects: Vec<ObjectId> = store
+        .image_contents(&spec.digest)
+        .with_context(|| format!("reading image {}", spec.digest))?
+        .objects
+        .into_keys()
+        .collect();
+    let journal =
+        cairn_fuse::Resumable::open(journal_fd, objects).context("the lazy layer's journal")?;
+    let fetch_timeout = Duration::from_millis(spec.fetch_timeout_ms.max(1));
+    let client = cairn_oci::ClientOptions {
+        insecure: spec.insecure,
+        connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
+        read_timeout: Duration::from_millis(spec.read_timeout_ms),
+        max_attempts: spec.max_attempts,
+        backoff: Duration::from_millis(spec.backoff_ms),
+        max_backoff: Duration::from_millis(spec.max_backoff_ms),
+        auth_files: spec.auth_files.clone(),
+        credentials: spec.credentials.clone().map(|(username, password)| {
+            cairn_oci::auth::Credentials {
+                username,
+                password,
+                source: None,
+            }
+        }),
+        user_agent: spec.user_agent.clone(),
+    };
+    let mut server_client = client.clone();
+    server_client.read_timeout = server_client.read_timeout.min(fetch_timeout);
+    let remote = match RemoteObjects::open(&store, &spec.digest, &server_client) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!(
+                "cairn lazy layer for image {}: no lazy source ({e}); serving what is local",
+                spec.digest
+            );
+            None
+        }
+    };
+    let mut served = Served {
+        store: Some(store),
+        remote,
+        dir: spec.dir,
+        log_path: PathBuf::new(),
+        pid_path: PathBuf::new(),
+        digest: spec.digest,
+        settings: Settings {
+            lazy: LazyArgs {
+                lazy_fetch: if spec.on_demand {
+                    LazyFetch::OnDemand
+                } else {
+                    LazyFetch::Background
+                },
+                fetch_timeout,
+                coalesce: spec.coalesce,
+                record_prefetch: spec.record_prefetch,
+            },
+            client,
+        },
+        journal,
+        device,
+        attached,
+        exe: None,
+    };
+    Ok(worker(&mut served, Start::Successor))
 }

@@ -124,6 +124,9 @@ enum Command {
         #[arg(long, default_value = "/run/cairn/snapshotter.sock")]
         address: PathBuf,
     },
+    /// The servers of lazy mounts (`mount --lazy`, `run --lazy`): list them, restart one.
+    #[command(subcommand)]
+    Lazy(lazy_mount::LazyCommand),
     #[command(flatten)]
     Store(store_cmds::StoreCommand),
     #[command(flatten)]
@@ -273,6 +276,7 @@ fn run(cli: Cli) -> Result<()> {
             cairn_mount::umount_with(&mountpoint, cairn_mount::UmountOptions { lazy })
                 .with_context(|| format!("unmounting {}", mountpoint.display()))
         }
+        Command::Lazy(cmd) => lazy_mount::command(&g.root, cmd),
         Command::Store(cmd) => store_cmds::run(g, cmd),
         Command::Containers(cmd) => run_cmds::run(g, cmd),
         Command::Import(args) => import::import(g, &args),

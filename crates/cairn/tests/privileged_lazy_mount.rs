@@ -634,3 +634,426 @@ fn privileged_lazy_run_records_the_files_it_opened_for_push_prefetch() {
         ],
     );
 }
+
+/// The lazy servers of the store at `root`, as `cairn lazy list --json`
+/// shows them.
+fn lazy_servers(root: &Path) -> Vec<serde_json::Value> {
+    let out = cairn_ok(root, &["lazy", "list", "--json"]);
+    serde_json::from_str::<serde_json::Value>(&out)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Waits (at most 20 s) until the store's only lazy server satisfies `f`.
+fn wait_for_server(
+    root: &Path,
+    what: &str,
+    f: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let list = lazy_servers(root);
+        if list.len() == 1 && f(&list[0]) {
+            return list[0].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lazy server {what}: {list:?}; logs: {}",
+            lazy_logs(root)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The lazy servers' logs left in the store at `root`, for a failure's
+/// message.
+fn lazy_logs(root: &Path) -> String {
+    let mut out = String::new();
+    for e in fs::read_dir(root.join("lazy"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.path().extension().is_some_and(|x| x == "log") {
+            out.push_str(&format!(
+                "\n{}:\n{}",
+                e.path().display(),
+                fs::read_to_string(e.path()).unwrap_or_default()
+            ));
+        }
+    }
+    out
+}
+
+/// How a test ends the serving worker mid-run.
+#[derive(Clone, Copy, Debug)]
+enum Interrupt {
+    /// SIGKILL: no chance to hand anything over.
+    Kill,
+    /// `cairn lazy restart` after the binary the mount was started from
+    /// was replaced (an upgrade): the successor runs the new one.
+    Upgrade,
+}
+
+/// `cairn run --lazy` of a loop that reads the 40 small files of the image
+/// (missing, so each is fetched on its open) with a pause between them,
+/// then all of them again (local now). Mid-way the worker serving the
+/// layer is ended (`how`); the run's output must be the full pull's, the
+/// successor must serve the rest, gc meanwhile must keep what the mount
+/// published and the incomplete image, and at the end nothing is left:
+/// no server process, no mount, nothing in lazy/.
+fn run_through_a_worker_restart(l: &Lazy, store: &Path, how: Interrupt, full_out: &str) {
+    use std::io::BufRead;
+    let script = script();
+    // An upgrade replaces the binary the mount was started from: a copy.
+    let exe = l.dir.path().join("bin/cairn");
+    fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    fs::copy(env!("CARGO_BIN_EXE_cairn"), &exe).unwrap();
+    let like = support::cairn_cmd(store);
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(like.get_args());
+    for (k, v) in like.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let mut child = cmd
+        .args([
+            "run",
+            "--lazy",
+            "--lazy-fetch",
+            "on-demand",
+            "--coalesce",
+            "0",
+            &l.reference,
+            "/busybox/busybox",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(stdout).lines() {
+                lines.lock().unwrap().push(l.unwrap());
+            }
+        })
+    };
+    // Wait until the container has read a few files.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while lines.lock().unwrap().len() < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the container read nothing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let server = wait_for_server(store, "serving", |s| s["restarts"] == 0);
+    let (supervisor, worker) = (
+        server["supervisor"].as_i64().unwrap() as i32,
+        server["worker"].as_i64().unwrap() as i32,
+    );
+    let before = objects_in(store);
+    match how {
+        Interrupt::Kill => rustix::process::kill_process(
+            rustix::process::Pid::from_raw(worker).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap(),
+        Interrupt::Upgrade => {
+            let new = exe.with_extension("new");
+            fs::copy(env!("CARGO_BIN_EXE_cairn"), &new).unwrap();
+            fs::rename(&new, &exe).unwrap();
+            let out = cairn_ok(
+                store,
+                &["lazy", "restart", server["name"].as_str().unwrap()],
+            );
+            assert!(out.contains("restarted"), "{out}");
+        }
+    }
+    let read_at_interrupt = lines.lock().unwrap().len();
+    assert!(
+        read_at_interrupt < 60,
+        "the container had read {read_at_interrupt} files already: not mid-way"
+    );
+    let successor = wait_for_server(store, "restarted", |s| s["restarts"] == 1);
+    assert_eq!(successor["supervisor"], supervisor);
+    assert_ne!(successor["worker"], worker);
+    assert!(!process_exists(worker), "the old worker {worker} lives on");
+    // The successor runs the binary now at the path the mount was started
+    // from (after an upgrade: the new file; the supervisor still runs the
+    // old, replaced one).
+    let successor_exe = fs::read_link(format!("/proc/{}/exe", successor["worker"])).unwrap();
+    assert_eq!(
+        successor_exe, exe,
+        "{how:?}: the successor runs {successor_exe:?}"
+    );
+    if let Interrupt::Upgrade = how {
+        let supervisor_exe = fs::read_link(format!("/proc/{supervisor}/exe")).unwrap();
+        assert!(
+            supervisor_exe.to_string_lossy().ends_with(" (deleted)"),
+            "{supervisor_exe:?}"
+        );
+        // With no binary at the path any more, the successor is a fork of
+        // the supervisor (its old code), and serves all the same.
+        fs::remove_file(&exe).unwrap();
+        cairn_ok(
+            store,
+            &["lazy", "restart", successor["name"].as_str().unwrap()],
+        );
+        // (The worker that failed to exec is listed for a moment.)
+        wait_for_server(store, "restarted again as a fork", |s| {
+            s["restarts"] == 2
+                && fs::read_link(format!("/proc/{}/exe", s["worker"]))
+                    .ok()
+                    .as_ref()
+                    == Some(&supervisor_exe)
+        });
+    }
+
+    // gc while mounted keeps the incomplete image and what the mount
+    // published.
+    cairn_ok(store, &["gc"]);
+    assert!(objects_in(store) >= before, "gc removed fetched objects");
+    cairn_ok(store, &["inspect", &l.reference]);
+
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "cairn run --lazy: {status}: {stderr}");
+    let got = lines.lock().unwrap().join("\n") + "\n";
+    assert_eq!(
+        got, full_out,
+        "{how:?}: the output differs from the full pull's"
+    );
+    // The successor fetched the files read after the interrupt.
+    assert!(
+        objects_in(store) > before,
+        "{how:?}: nothing was fetched after the worker was ended"
+    );
+
+    // The server goes with the container, and leaves nothing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while process_exists(supervisor) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        !process_exists(supervisor),
+        "the supervisor {supervisor} is still running"
+    );
+    let left: Vec<_> = fs::read_dir(store.join("lazy"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{how:?}: left in lazy/: {left:?}");
+    wait_for_no_lazy_mount(store);
+    assert!(lazy_servers(store).is_empty());
+}
+
+/// The container's loop: each small file once with a pause (fetched on
+/// open), then each again (local).
+fn script() -> String {
+    let mut s = String::new();
+    for pass in [1, 2] {
+        s.push_str("for i in");
+        for i in 0..40 {
+            s.push_str(&format!(" {i:02}"));
+        }
+        s.push_str("; do /busybox/busybox sha256sum /data/unread-$i.txt || exit 1;");
+        if pass == 1 {
+            s.push_str(" /busybox/busybox usleep 100000;");
+        }
+        s.push_str(" done; ");
+    }
+    s.push_str("/busybox/busybox sha256sum /data/read-me.bin");
+    s
+}
+
+#[test]
+fn privileged_lazy_run_reads_on_when_its_server_is_killed_or_upgraded() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let l = lazy_setup(&reg, "lazy/restart", None);
+    let script = script();
+    let full = cairn_ok(
+        &l.a,
+        &["run", &l.reference, "/busybox/busybox", "sh", "-c", &script],
+    );
+    assert_eq!(full.lines().count(), 81, "{full}");
+    run_through_a_worker_restart(&l, &l.b, Interrupt::Kill, &full);
+    // A second store, pulled lazily afresh, for a requested restart.
+    let c = l.dir.path().join("c");
+    cairn_ok(&c, &["pull", "-q", "--lazy", "--no-prefetch", &l.reference]);
+    run_through_a_worker_restart(&l, &c, Interrupt::Upgrade, &full);
+    support::assert_fsck_clean(&l.b, "after the killed server");
+    support::assert_fsck_clean(&c, "after the restarted server");
+}
+
+/// `cairn mount --lazy` (the layer detached, the overlay alone holding
+/// it): an open waits for a fetch that cannot finish (the registry is
+/// paused) when the worker is killed; the successor answers that open
+/// once the registry is back, the data read is right, files opened before
+/// read on, and unmounting ends the server and leaves nothing.
+#[test]
+fn privileged_lazy_mount_answers_an_open_its_killed_server_left_waiting() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let proxy = SlowProxy::start(&reg.addr, 64 << 10);
+    let l = lazy_setup(&reg, "lazy/killed", Some(&proxy.addr));
+    let full = mount(
+        &l.a,
+        &l.reference.replace(&proxy.addr, &reg.addr),
+        &l.dir.path().join("mnt-a"),
+    );
+    let lazy = lazy_mount(
+        &l,
+        "mnt-b",
+        &[
+            "--lazy-fetch",
+            "on-demand",
+            "--coalesce",
+            "0",
+            "--fetch-timeout",
+            "60s",
+        ],
+    );
+    wait_for_no_lazy_mount(&l.b);
+    let (early, missing) = ("data/read-me.bin", "data/unread-11.txt");
+    let want_early = fs::read(full.target.join(early)).unwrap();
+    let want_missing = fs::read(full.target.join(missing)).unwrap();
+    // Open before the kill, read after it.
+    let mut held = fs::File::open(lazy.target.join(early)).unwrap();
+    let server = wait_for_server(&l.b, "serving", |s| s["restarts"] == 0);
+    let worker = server["worker"].as_i64().unwrap() as i32;
+
+    proxy.pause();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = lazy.target.join(missing);
+    let reader = std::thread::spawn(move || {
+        let _ = tx.send(fs::read(path));
+    });
+    // The open is waiting for its fetch.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        rx.try_recv().is_err(),
+        "the read did not wait for the registry"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(worker).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let successor = wait_for_server(&l.b, "restarted", |s| s["restarts"] == 1);
+    assert_ne!(successor["worker"], server["worker"]);
+    proxy.resume();
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the open left waiting was never answered")
+        .expect("reading through the successor");
+    reader.join().unwrap();
+    assert!(got == want_missing, "{missing} differs");
+    let logs = lazy_logs(&l.b);
+    assert!(
+        logs.contains("requests a killed predecessor left"),
+        "the successor answered no request left: {logs}"
+    );
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut held, &mut bytes).unwrap();
+    assert!(bytes == want_early, "{early} differs");
+    drop(held);
+    // Everything reads as the full pull.
+    let (ta, tb) = (tree(&full.target), tree(&lazy.target));
+    assert!(ta == tb, "the trees differ");
+
+    let supervisor = server["supervisor"].as_i64().unwrap() as i32;
+    drop(lazy);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while process_exists(supervisor) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        !process_exists(supervisor),
+        "the supervisor {supervisor} is still running"
+    );
+    let left: Vec<_> = fs::read_dir(l.b.join("lazy"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in lazy/: {left:?}");
+    drop(full);
+}
+
+/// A worker that dies again and again right after its start is not
+/// restarted forever: the successors come slower and slower, and after 8
+/// quick deaths in a row the supervisor gives up, says so in its log, and
+/// the layer's connection ends (opens of missing files then fail); the
+/// overlay still unmounts.
+#[test]
+fn privileged_lazy_server_crash_loop_backs_off_and_gives_up() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let l = lazy_setup(&reg, "lazy/crashloop", None);
+    let lazy = lazy_mount(&l, "mnt-b", &["--lazy-fetch", "on-demand"]);
+    let start = std::time::Instant::now();
+    let mut gaps = Vec::new();
+    let mut last = wait_for_server(&l.b, "serving", |_| true);
+    let supervisor = last["supervisor"].as_i64().unwrap() as i32;
+    loop {
+        let worker = last["worker"].as_i64().unwrap() as i32;
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(worker).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+        let killed = std::time::Instant::now();
+        // The next worker, or the end.
+        let deadline = killed + std::time::Duration::from_secs(30);
+        let next = loop {
+            let list = lazy_servers(&l.b);
+            if list.is_empty() {
+                break None;
+            }
+            if list[0]["worker"].as_i64() != Some(worker as i64) {
+                break Some(list[0].clone());
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no successor: {list:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        match next {
+            Some(n) => {
+                gaps.push(killed.elapsed());
+                last = n;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(gaps.len(), 8, "{gaps:?}");
+    // Backing off: the last successors came later than the first.
+    assert!(
+        gaps[7] >= std::time::Duration::from_millis(1500) && gaps[7] > gaps[1] * 4,
+        "{gaps:?}"
+    );
+    assert!(start.elapsed() < std::time::Duration::from_secs(60));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while process_exists(supervisor) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!process_exists(supervisor));
+    let logs = lazy_logs(&l.b);
+    assert!(logs.contains("giving up"), "{logs}");
+    let err = fs::read(lazy.target.join("data/unread-03.txt")).expect_err("read after the end");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    drop(lazy);
+}

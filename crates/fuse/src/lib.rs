@@ -20,13 +20,17 @@
 //!
 //! Entry points: [`serve`] mounts and serves; [`FuseMount::unmount`] ends
 //! it; [`FuseMount::hand_over`] and [`take_over`] move a live connection
-//! to a successor process over a unix socket.
+//! to a successor process over a unix socket; [`serve_on`] with
+//! [`ServeOptions::resumable`] keeps a journal from which [`resume`] goes
+//! on serving a connection whose server was killed (another process kept
+//! its descriptor).
 //!
 //! Modules: `proto` parses requests and builds replies (pure), `dev` holds
 //! the system calls on `/dev/fuse` (and the crate's only `unsafe`, the two
 //! passthrough ioctls), `server` the tree, the node and handle tables and
 //! the dispatch, `fetch` the fetches of missing objects, `handover` the
-//! hand-over format.
+//! hand-over format, `journal` the state that outlives a killed server
+//! (fixed size: 64 + 512 × 256 + 8 × objects bytes, in a memfd).
 //!
 //! # Memory bound
 //!
@@ -46,8 +50,11 @@
 mod dev;
 mod fetch;
 mod handover;
+mod journal;
 pub mod proto;
 mod server;
+
+pub use journal::Resumable;
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -159,6 +166,10 @@ pub struct ServeOptions {
     /// crate). Off, every read is a READ served by cairn: for kernels or
     /// stores where passthrough misbehaves, and for tests of that path.
     pub passthrough: bool,
+    /// Serve exactly these objects, with node ids derived from their
+    /// place in the list, and keep in its journal what a successor needs
+    /// to go on serving after this server is killed ([`resume`]).
+    pub resumable: Option<Resumable>,
 }
 
 impl Default for ServeOptions {
@@ -172,6 +183,7 @@ impl Default for ServeOptions {
             source_name: "cairn".into(),
             record_opens: false,
             passthrough: true,
+            resumable: None,
         }
     }
 }
@@ -407,6 +419,19 @@ impl FuseMount {
         Ok(self.stats())
     }
 
+    /// Detaches the mount (lazily, as [`detach_and_serve`](Self::detach_and_serve)
+    /// does) and goes on serving.
+    pub fn detach(&mut self) -> Result<(), FuseError> {
+        if self.mounted {
+            dev::unmount(&self.target, true).map_err(|error| FuseError::Unmount {
+                target: self.target.clone(),
+                error,
+            })?;
+            self.mounted = false;
+        }
+        Ok(())
+    }
+
     /// Detaches the mount (lazily: it stays usable by what is stacked on
     /// it, an overlay, but is gone from the mount table and its directory
     /// may be removed) and serves until the kernel ends the connection,
@@ -511,8 +536,26 @@ pub fn serve(
     mountpoint: &Path,
     options: ServeOptions,
 ) -> Result<FuseMount, FuseError> {
+    let devfd = open_device()?;
+    serve_on(devfd, store, source, mountpoint, options)
+}
+
+/// Opens `/dev/fuse` for a new connection, for [`serve_on`]: a process
+/// that keeps a duplicate keeps the connection (and the kernel queues its
+/// requests) while no server runs.
+pub fn open_device() -> Result<OwnedFd, FuseError> {
+    dev::open_dev().map_err(FuseError::OpenDevice)
+}
+
+/// [`serve`] on a connection opened with [`open_device`].
+pub fn serve_on(
+    devfd: OwnedFd,
+    store: Arc<Store>,
+    source: Arc<dyn ObjectSource>,
+    mountpoint: &Path,
+    options: ServeOptions,
+) -> Result<FuseMount, FuseError> {
     let target = mountpoint.to_path_buf();
-    let devfd = dev::open_dev().map_err(FuseError::OpenDevice)?;
     let fetcher = Fetcher::start(
         store.clone(),
         source,
@@ -525,13 +568,11 @@ pub fn serve(
         target: target.clone(),
         error,
     })?;
-    let server = Arc::new(Server::new(
-        devfd,
-        store,
-        fetcher,
-        options.max_nodes,
-        options.workers,
-    ));
+    let mut server = Server::new(devfd, store, fetcher, options.max_nodes, options.workers);
+    if let Some(r) = &options.resumable {
+        server = server.with_journal(r.0.clone());
+    }
+    let server = Arc::new(server);
     if options.record_opens {
         *server.open_log.lock().expect("open log lock") = Some(Default::default());
     }
@@ -552,6 +593,56 @@ pub fn serve(
     dev::set_nonblocking(server.dev.as_fd()).map_err(FuseError::OpenDevice)?;
     mount.workers = Workers::start(&server, options.workers)?;
     Ok(mount)
+}
+
+/// Goes on serving a connection whose server died without a hand-over
+/// (killed): `devfd` is a duplicate of its `/dev/fuse` descriptor, kept by
+/// a process that outlived it, and `options.resumable` the journal it was
+/// served with ([`serve_on`]). Node ids come from the journal's list of
+/// objects, open counts and backing ids from its records; the requests
+/// the predecessor read and did not answer are handled again (opens of
+/// objects it was fetching start their fetch afresh). `mounted` says
+/// whether the mount at `mountpoint` is still attached (then the returned
+/// `FuseMount` detaches or unmounts it as one from [`serve`] would); it
+/// serves until the kernel ends the connection.
+pub fn resume(
+    devfd: OwnedFd,
+    store: Arc<Store>,
+    source: Arc<dyn ObjectSource>,
+    mountpoint: &Path,
+    mounted: bool,
+    options: ServeOptions,
+) -> Result<FuseMount, FuseError> {
+    let target = mountpoint.to_path_buf();
+    let Some(resumable) = &options.resumable else {
+        return Err(FuseError::HandOver {
+            target,
+            reason: "resuming needs the predecessor's journal".into(),
+        });
+    };
+    let fetcher = Fetcher::start(
+        store.clone(),
+        source,
+        options.fetch_timeout,
+        options.max_fetches,
+        options.max_background_fetches,
+    )
+    .map_err(FuseError::Spawn)?;
+    let server = Server::new(devfd, store, fetcher, options.max_nodes, options.workers)
+        .with_journal(resumable.0.clone());
+    let server = Arc::new(server);
+    if options.record_opens {
+        *server.open_log.lock().expect("open log lock") = Some(Default::default());
+    }
+    dev::set_nonblocking(server.dev.as_fd()).map_err(FuseError::OpenDevice)?;
+    server.resume();
+    let workers = Workers::start(&server, options.workers)?;
+    Ok(FuseMount {
+        target,
+        server,
+        workers,
+        mounted,
+    })
 }
 
 /// Takes over a connection that a predecessor hands over on `sock`
@@ -661,6 +752,9 @@ fn handshake(server: &Server, allow_passthrough: bool) -> Result<(), String> {
         max_stack_depth: if passthrough { 1 } else { 0 },
     };
     server.passthrough.store(passthrough, Ordering::Relaxed);
+    if let Some(j) = &server.journal {
+        j.set_passthrough(passthrough);
+    }
     server.reply(Reply::ok(req.header.unique).init(&out));
     Ok(())
 }

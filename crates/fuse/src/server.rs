@@ -26,6 +26,7 @@ use rustix::io::Errno;
 
 use crate::dev;
 use crate::fetch::Fetcher;
+use crate::journal::{Journal, FH_SHIFT};
 use crate::proto::{self, open_flags, Attr, Op, Reply, Request};
 
 /// The first node id given to an object.
@@ -94,6 +95,9 @@ pub(crate) struct Server {
     /// Objects in the order of their first open, when recording
     /// ([`crate::ServeOptions::record_opens`]); at most `max_nodes`.
     pub open_log: Mutex<Option<OpenLog>>,
+    /// With a fixed list of objects ([`crate::ServeOptions::resumable`]):
+    /// node ids from the list, and the state a successor needs.
+    pub journal: Option<Arc<Journal>>,
 }
 
 /// The objects opened, each once, in first-open order.
@@ -217,6 +221,124 @@ impl Server {
             pending_opens: AtomicUsize::new(0),
             counters: Counters::default(),
             open_log: Mutex::new(None),
+            journal: None,
+        }
+    }
+
+    /// Serves a fixed list of objects, with node ids from it, and keeps
+    /// what a successor needs in `journal`.
+    pub fn with_journal(mut self, journal: Arc<Journal>) -> Server {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// The journal's index of `node`, if it names an object of the list.
+    fn journal_index(&self, node: u64) -> Option<usize> {
+        let j = self.journal.as_ref()?;
+        let i = node.checked_sub(FIRST_OBJECT_ID)? as usize;
+        (i < j.objects.len()).then_some(i)
+    }
+
+    /// Writes `node`'s opens and backing id through to the journal.
+    fn persist(&self, node: u64, n: &Node) {
+        if let (Some(j), Some(i)) = (&self.journal, self.journal_index(node)) {
+            j.write_node(i, n.opens, n.backing);
+        }
+    }
+
+    /// The size of object `id`: the store's file, else the source's word.
+    fn object_size(&self, id: &ObjectId) -> Option<u64> {
+        match std::fs::metadata(self.store.object_path(id)) {
+            Ok(m) if m.is_file() => Some(m.len()),
+            _ => self.fetcher.source().size(id),
+        }
+    }
+
+    /// Makes sure the node table holds `node` when it is one of the
+    /// journal's objects that a predecessor gave the kernel (its lookup
+    /// count is then unknown: 0, so it stays until its opens are gone).
+    fn materialize(&self, node: u64) {
+        let Some(i) = self.journal_index(node) else {
+            return;
+        };
+        if self
+            .nodes
+            .lock()
+            .expect("nodes lock")
+            .nodes
+            .contains_key(&node)
+        {
+            return;
+        }
+        let id = self.journal.as_ref().expect("journal").objects[i];
+        let Some(size) = self.object_size(&id) else {
+            return;
+        };
+        let mut nodes = self.nodes.lock().expect("nodes lock");
+        if !nodes.nodes.contains_key(&node) {
+            nodes.by_id.insert(id, node);
+            nodes.nodes.insert(
+                node,
+                Node {
+                    id,
+                    size,
+                    nlookup: 0,
+                    opens: 0,
+                    backing: None,
+                },
+            );
+        }
+    }
+
+    /// A successor's start: the journal's open counts and backing ids
+    /// into the node table, then the requests the predecessor left
+    /// unanswered handled again (a RELEASE is only answered: whether the
+    /// predecessor applied it is unknown, and an open count too high only
+    /// keeps a backing id registered until the connection ends).
+    pub fn resume(self: &Arc<Self>) {
+        let Some(j) = self.journal.clone() else {
+            return;
+        };
+        self.passthrough.store(j.passthrough(), Ordering::Relaxed);
+        let live = j.live_nodes();
+        for &(i, _, _) in &live {
+            self.materialize(FIRST_OBJECT_ID + i as u64);
+        }
+        {
+            let mut nodes = self.nodes.lock().expect("nodes lock");
+            for (i, opens, backing) in live {
+                if let Some(n) = nodes.nodes.get_mut(&(FIRST_OBJECT_ID + i as u64)) {
+                    n.opens = opens;
+                    n.backing = backing;
+                }
+            }
+        }
+        let left = j.take_requests();
+        if !left.is_empty() {
+            tracing::warn!(
+                "answering {} requests a killed predecessor left",
+                left.len()
+            );
+        }
+        for msg in left {
+            match proto::InHeader::parse(&msg) {
+                Ok(h) if h.opcode == proto::opcode::RELEASE => {
+                    self.reply(Reply::ok(h.unique));
+                }
+                Ok(h)
+                    if matches!(
+                        h.opcode,
+                        proto::opcode::FORGET
+                            | proto::opcode::BATCH_FORGET
+                            | proto::opcode::INTERRUPT
+                            | proto::opcode::DESTROY
+                            | proto::opcode::INIT
+                    ) => {}
+                Ok(_) => {
+                    self.handle(&msg);
+                }
+                Err(_) => {}
+            }
         }
     }
 
@@ -313,8 +435,20 @@ impl Server {
         nodes.nodes.values().filter(|n| n.backing.is_some()).count()
     }
 
-    /// Handles one message read from the device.
+    /// Handles one message read from the device (recorded in the journal,
+    /// if any, until it is answered).
     pub fn handle(self: &Arc<Self>, msg: &[u8]) -> Flow {
+        let slot = self.journal.as_ref().and_then(|j| j.record(msg));
+        let (flow, kept) = self.dispatch(msg, slot);
+        if let (Some(s), false) = (slot, kept) {
+            self.journal.as_ref().expect("journal").clear(s);
+        }
+        flow
+    }
+
+    /// Handles one message; true in the second place if an open waiting
+    /// for a fetch took over `slot` (it clears it once answered).
+    fn dispatch(self: &Arc<Self>, msg: &[u8], slot: Option<u32>) -> (Flow, bool) {
         let req = match Request::parse(msg) {
             Ok(r) => r,
             Err(e) => {
@@ -330,7 +464,7 @@ impl Server {
                         self.reply(Reply::error(h.unique, libc::EIO));
                     }
                 }
-                return Flow::Continue;
+                return (Flow::Continue, false);
             }
         };
         let unique = req.header.unique;
@@ -348,14 +482,14 @@ impl Server {
             }
             Op::Destroy => {
                 self.reply(Reply::ok(unique));
-                return Flow::Stop;
+                return (Flow::Stop, false);
             }
             Op::Open { flags } => {
                 if flags as i32 & libc::O_ACCMODE != libc::O_RDONLY {
                     self.reply(Reply::error(unique, libc::EROFS));
                 } else {
                     // Replies itself, now or once the object is fetched.
-                    self.open(unique, node);
+                    return (Flow::Continue, self.open(unique, node, slot));
                 }
             }
             op => {
@@ -363,7 +497,7 @@ impl Server {
                 self.reply(r);
             }
         }
-        Flow::Continue
+        (Flow::Continue, false)
     }
 
     fn answer(&self, unique: u64, node: u64, op: Op<'_>) -> Reply {
@@ -426,6 +560,7 @@ impl Server {
         if node == proto::ROOT_ID || node_fanout(node).is_some() {
             return Some(dir_attr(node));
         }
+        self.materialize(node);
         let nodes = self.nodes.lock().expect("nodes lock");
         nodes.nodes.get(&node).map(|n| file_attr(node, n.size))
     }
@@ -437,6 +572,11 @@ impl Server {
         }
         let b = node_fanout(parent).ok_or(libc::ENOTDIR)?;
         let id = parse_object(b, name).ok_or(libc::ENOENT)?;
+        // With a fixed list, only its objects exist, and each has its node.
+        let fixed = match &self.journal {
+            Some(j) => Some(FIRST_OBJECT_ID + j.index(&id).ok_or(libc::ENOENT)? as u64),
+            None => None,
+        };
         {
             let mut nodes = self.nodes.lock().expect("nodes lock");
             if let Some(&ino) = nodes.by_id.get(&id) {
@@ -446,10 +586,7 @@ impl Server {
             }
         }
         // Not known yet: the store says its size, else the source does.
-        let size = match std::fs::metadata(self.store.object_path(&id)) {
-            Ok(m) if m.is_file() => m.len(),
-            _ => self.fetcher.source().size(&id).ok_or(libc::ENOENT)?,
-        };
+        let size = self.object_size(&id).ok_or(libc::ENOENT)?;
         let mut nodes = self.nodes.lock().expect("nodes lock");
         // Another worker may have added it meanwhile.
         if let Some(&ino) = nodes.by_id.get(&id) {
@@ -465,8 +602,13 @@ impl Server {
             );
             return Err(libc::ENFILE);
         }
-        let ino = nodes.next;
-        nodes.next += 1;
+        let ino = match fixed {
+            Some(ino) => ino,
+            None => {
+                nodes.next += 1;
+                nodes.next - 1
+            }
+        };
         nodes.nodes.insert(
             ino,
             Node {
@@ -487,7 +629,9 @@ impl Server {
             return;
         };
         entry.nlookup = entry.nlookup.saturating_sub(n);
-        if entry.nlookup > 0 {
+        // A journal's node stays while open: a successor may have learnt
+        // of it from the journal, with its lookups unknown.
+        if entry.nlookup > 0 || (self.journal.is_some() && entry.opens > 0) {
             return;
         }
         let entry = nodes.nodes.remove(&node).expect("present");
@@ -496,6 +640,9 @@ impl Server {
         // no backing id should be left; close any all the same.
         if let Some(id) = entry.backing {
             self.close_backing(id);
+            if let (Some(j), Some(i)) = (&self.journal, self.journal_index(node)) {
+                j.write_node(i, 0, None);
+            }
         }
     }
 
@@ -511,18 +658,21 @@ impl Server {
     /// Opens an object and replies: at once if it is in the store,
     /// otherwise once it has been fetched and verified (or with `EIO` when
     /// that failed or timed out). The worker never waits for a fetch.
-    fn open(self: &Arc<Self>, unique: u64, node: u64) {
+    /// Returns whether the reply was left to a waiter, which then clears
+    /// the journal's `slot` once it has replied.
+    fn open(self: &Arc<Self>, unique: u64, node: u64, slot: Option<u32>) -> bool {
+        self.materialize(node);
         let (id, size) = {
             let nodes = self.nodes.lock().expect("nodes lock");
             match nodes.nodes.get(&node) {
                 Some(n) => (n.id, n.size),
                 None if node == proto::ROOT_ID || node_fanout(node).is_some() => {
                     self.reply(Reply::error(unique, libc::EISDIR));
-                    return;
+                    return false;
                 }
                 None => {
                     self.reply(Reply::error(unique, libc::ENOENT));
-                    return;
+                    return false;
                 }
             }
         };
@@ -552,9 +702,13 @@ impl Server {
                     me.reply(Reply::error(unique, e));
                 }
             }
+            if let (Some(j), Some(s)) = (&me.journal, slot) {
+                j.clear(s);
+            }
             me.pending_opens.fetch_sub(1, Ordering::SeqCst);
         });
         self.fetcher.when_present(&id, size, waiter);
+        true
     }
 
     /// Opens an object that is in the store. Returns the handle, the open
@@ -575,7 +729,11 @@ impl Server {
             return Err(libc::EIO);
         }
         let file = Arc::new(file);
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let mut fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if self.journal.is_some() {
+            // The handle names its node, for a successor.
+            fh = node << FH_SHIFT | (fh & ((1 << FH_SHIFT) - 1));
+        }
         let mut flags = open_flags::KEEP_CACHE;
         let mut backing_id = 0;
         {
@@ -609,6 +767,7 @@ impl Server {
                 }
             }
             n.opens += 1;
+            self.persist(node, n);
         }
         if backing_id != 0 {
             self.counters
@@ -625,11 +784,15 @@ impl Server {
     }
 
     fn release(&self, fh: u64) {
-        let Some(h) = self.handles.lock().expect("handles lock").remove(&fh) else {
-            return;
+        let node = match self.handles.lock().expect("handles lock").remove(&fh) {
+            Some(h) => h.node,
+            // A predecessor's handle: it names its node.
+            None if self.journal_index(fh >> FH_SHIFT).is_some() => fh >> FH_SHIFT,
+            None => return,
         };
+        self.materialize(node);
         let mut nodes = self.nodes.lock().expect("nodes lock");
-        let Some(n) = nodes.nodes.get_mut(&h.node) else {
+        let Some(n) = nodes.nodes.get_mut(&node) else {
             return;
         };
         n.opens = n.opens.saturating_sub(1);
@@ -640,13 +803,17 @@ impl Server {
                 self.close_backing(id);
             }
         }
+        self.persist(node, n);
     }
 
     fn read(&self, unique: u64, fh: u64, offset: u64, size: u32) -> Reply {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let file = match self.handles.lock().expect("handles lock").get(&fh) {
             Some(h) => h.file.clone(),
-            None => return Reply::error(unique, libc::EBADF),
+            None => match self.predecessor_file(fh) {
+                Some(f) => f,
+                None => return Reply::error(unique, libc::EBADF),
+            },
         };
         let mut buf = vec![0u8; size.min(MAX_READ) as usize];
         let mut done = 0;
@@ -662,6 +829,14 @@ impl Server {
             }
         }
         Reply::ok(unique).bytes(&buf[..done])
+    }
+
+    /// The file of a handle a predecessor opened (it names its node, whose
+    /// object was in the store when it was opened), opened again.
+    fn predecessor_file(&self, fh: u64) -> Option<Arc<File>> {
+        let i = self.journal_index(fh >> FH_SHIFT)?;
+        let id = self.journal.as_ref()?.objects[i];
+        File::open(self.store.object_path(&id)).ok().map(Arc::new)
     }
 
     /// Directory listings: ".", "..", and for the root the 256 fan-out
@@ -790,6 +965,119 @@ mod tests {
             assert_eq!(nodes.by_id.get(&n.id), Some(&ino));
         }
         assert_eq!(nodes.by_id.len(), nodes.nodes.len());
+    }
+
+    /// A request as the kernel frames it.
+    fn request(opcode: u32, unique: u64, nodeid: u64, body: &[u8]) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&((proto::IN_HEADER_LEN + body.len()) as u32).to_ne_bytes());
+        m.extend_from_slice(&opcode.to_ne_bytes());
+        m.extend_from_slice(&unique.to_ne_bytes());
+        m.extend_from_slice(&nodeid.to_ne_bytes());
+        m.extend_from_slice(&[0u8; 16]);
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// The replies written so far: (unique, error, body).
+    fn replies(r: &OwnedFd) -> Vec<(u64, i32, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        rustix::fs::fcntl_setfl(r, rustix::fs::OFlags::NONBLOCK).unwrap();
+        let mut all = Vec::new();
+        while let Ok(n) = rustix::io::read(r, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+        }
+        let mut at = 0;
+        while at + 16 <= all.len() {
+            let len = u32::from_ne_bytes(all[at..at + 4].try_into().unwrap()) as usize;
+            let err = i32::from_ne_bytes(all[at + 4..at + 8].try_into().unwrap());
+            let unique = u64::from_ne_bytes(all[at + 8..at + 16].try_into().unwrap());
+            out.push((unique, err, all[at + 16..at + len].to_vec()));
+            at += len;
+        }
+        out
+    }
+
+    /// A server with a journal, then a successor on the same journal (as
+    /// after the first was killed): the successor answers for the first
+    /// one's node ids and handles, answers the request it left, and keeps
+    /// the open counts.
+    #[test]
+    fn a_successor_answers_for_its_predecessor() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("store")).unwrap());
+        let a = store.import_bytes(&[1u8; 100]).unwrap();
+        let b = store.import_bytes(&[2u8; 200]).unwrap();
+        let stranger = store.import_bytes(&[3u8; 300]).unwrap();
+        let journal = crate::Resumable::create(vec![b, a]).unwrap().0;
+        let start = |dev: OwnedFd| {
+            let fetcher = Fetcher::start(
+                store.clone(),
+                Arc::new(crate::NoSource),
+                std::time::Duration::from_secs(1),
+                2,
+                1,
+            )
+            .unwrap();
+            Arc::new(Server::new(dev, store.clone(), fetcher, 64, 1).with_journal(journal.clone()))
+        };
+        let lookup = |unique, id: &ObjectId| {
+            let hex = id.to_hex();
+            let mut name = hex.as_bytes()[2..].to_vec();
+            name.push(0);
+            request(proto::opcode::LOOKUP, unique, 2 + hex_byte(&hex), &name)
+        };
+        let (r1, w1) = rustix::pipe::pipe().unwrap();
+        let first = start(w1);
+        first.handle(&lookup(1, &a));
+        first.handle(&request(proto::opcode::OPEN, 2, 0, &[0u8; 8]));
+        let node = FIRST_OBJECT_ID + journal.index(&a).unwrap() as u64;
+        first.handle(&request(proto::opcode::OPEN, 3, node, &[0u8; 8]));
+        let got = replies(&r1);
+        assert_eq!(got[0].1, 0);
+        assert_eq!(u64::from_ne_bytes(got[0].2[..8].try_into().unwrap()), node);
+        assert_eq!(got[1].1, -libc::ENOENT);
+        assert_eq!(got[2].1, 0, "{got:?}");
+        let fh = u64::from_ne_bytes(got[2].2[..8].try_into().unwrap());
+        assert_eq!(fh >> FH_SHIFT, node);
+        assert_eq!(
+            journal.live_nodes(),
+            vec![(journal.index(&a).unwrap(), 1, None)]
+        );
+        // Killed with a GETATTR in hand.
+        journal.record(&request(proto::opcode::GETATTR, 4, node, &[0u8; 16]));
+        drop(first);
+
+        let (r2, w2) = rustix::pipe::pipe().unwrap();
+        let successor = start(w2);
+        successor.resume();
+        let got = replies(&r2);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!((got[0].0, got[0].1), (4, 0));
+        // Its lookups give the same node; a READ and a RELEASE of the
+        // predecessor's handle work.
+        successor.handle(&lookup(5, &a));
+        successor.handle(&lookup(6, &stranger));
+        let mut read = fh.to_ne_bytes().to_vec();
+        read.extend_from_slice(&0u64.to_ne_bytes());
+        read.extend_from_slice(&10u32.to_ne_bytes());
+        read.extend_from_slice(&[0u8; 20]);
+        successor.handle(&request(proto::opcode::READ, 7, node, &read));
+        let mut release = fh.to_ne_bytes().to_vec();
+        release.extend_from_slice(&[0u8; 16]);
+        successor.handle(&request(proto::opcode::RELEASE, 8, node, &release));
+        let got = replies(&r2);
+        assert_eq!(u64::from_ne_bytes(got[0].2[..8].try_into().unwrap()), node);
+        assert_eq!(got[1].1, -libc::ENOENT, "not in the list");
+        assert_eq!((got[2].1, &got[2].2[..]), (0, &[1u8; 10][..]));
+        assert_eq!(got[3].1, 0);
+        assert!(journal.live_nodes().is_empty());
+        // Nothing is left recorded.
+        assert!(journal.take_requests().is_empty());
     }
 
     fn hex_byte(hex: &str) -> u64 {
