@@ -26,6 +26,7 @@ use rustix::io::Errno;
 
 use crate::dev;
 use crate::fetch::Fetcher;
+use crate::partial::{self, Partial};
 use crate::proto::{self, open_flags, Attr, Op, Reply, Request};
 
 /// The first node id given to an object.
@@ -47,6 +48,10 @@ struct Node {
     opens: u32,
     /// The backing id its open handles were passed through to.
     backing: Option<i32>,
+    /// Open handles served chunk by chunk (by READ): while there are any,
+    /// new opens are served by READ too (the kernel does not mix cached
+    /// and passthrough opens of one inode).
+    chunked: u32,
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +66,8 @@ struct Nodes {
 struct Handle {
     node: u64,
     file: Arc<File>,
+    /// The object is being fetched chunk by chunk: READs wait for chunks.
+    partial: Option<Arc<Partial>>,
 }
 
 /// Counters for tests and `cairn` to report.
@@ -72,6 +79,10 @@ pub(crate) struct Counters {
     pub backing_opened: AtomicU64,
     pub backing_closed: AtomicU64,
     pub bad_messages: AtomicU64,
+    pub chunked_opens: AtomicU64,
+    pub chunks_fetched: AtomicU64,
+    pub chunks_failed: AtomicU64,
+    pub chunked_published: AtomicU64,
 }
 
 pub(crate) struct Server {
@@ -94,6 +105,10 @@ pub(crate) struct Server {
     /// Objects in the order of their first open, when recording
     /// ([`crate::ServeOptions::record_opens`]); at most `max_nodes`.
     pub open_log: Mutex<Option<OpenLog>>,
+    /// Missing objects served chunk by chunk (`partial.rs`).
+    partials: Mutex<HashMap<ObjectId, Arc<Partial>>>,
+    /// Whether the thread that expires waiting chunked reads runs.
+    partial_timer: AtomicBool,
 }
 
 /// The objects opened, each once, in first-open order.
@@ -217,6 +232,8 @@ impl Server {
             pending_opens: AtomicUsize::new(0),
             counters: Counters::default(),
             open_log: Mutex::new(None),
+            partials: Mutex::new(HashMap::new()),
+            partial_timer: AtomicBool::new(false),
         }
     }
 
@@ -283,6 +300,7 @@ impl Server {
                 Handle {
                     node,
                     file: Arc::new(file),
+                    partial: None,
                 },
             );
         }
@@ -298,6 +316,7 @@ impl Server {
                     nlookup: n.nlookup,
                     opens: n.opens,
                     backing: (n.backing != 0).then_some(n.backing),
+                    chunked: 0,
                 },
             );
         }
@@ -358,6 +377,7 @@ impl Server {
                     self.open(unique, node);
                 }
             }
+            Op::Read { fh, offset, size } => self.read(unique, fh, offset, size),
             op => {
                 let r = self.answer(unique, node, op);
                 self.reply(r);
@@ -379,7 +399,6 @@ impl Server {
                 Some(a) => Reply::ok(unique).attr(VALID_SECS, &a),
                 None => err(libc::ENOENT),
             },
-            Op::Read { fh, offset, size } => self.read(unique, fh, offset, size),
             Op::Release { fh } => {
                 self.release(fh);
                 Reply::ok(unique)
@@ -415,6 +434,7 @@ impl Server {
             Op::Other => err(libc::ENOSYS),
             // Handled by the caller.
             Op::Open { .. }
+            | Op::Read { .. }
             | Op::Forget { .. }
             | Op::BatchForget(_)
             | Op::Interrupt { .. }
@@ -475,6 +495,7 @@ impl Server {
                 nlookup: 1,
                 opens: 0,
                 backing: None,
+                chunked: 0,
             },
         );
         nodes.by_id.insert(id, ino);
@@ -531,6 +552,12 @@ impl Server {
                 log.order.push(id);
             }
         }
+        if !self.store.has_object(&id) {
+            if let Some(p) = self.partial_for(&id, size) {
+                self.open_chunked(unique, node, p);
+                return;
+            }
+        }
         let me = self.clone();
         self.pending_opens.fetch_add(1, Ordering::SeqCst);
         let waiter = Box::new(move |present: Result<(), String>| {
@@ -581,7 +608,7 @@ impl Server {
         {
             let mut nodes = self.nodes.lock().expect("nodes lock");
             let n = nodes.nodes.get_mut(&node).ok_or(libc::ENOENT)?;
-            if self.passthrough.load(Ordering::Relaxed) {
+            if self.passthrough.load(Ordering::Relaxed) && n.chunked == 0 {
                 let bid = match n.backing {
                     Some(b) => Some(b),
                     None => match dev::backing_open(self.dev.as_fd(), &file) {
@@ -617,10 +644,14 @@ impl Server {
         } else {
             self.counters.plain_opens.fetch_add(1, Ordering::Relaxed);
         }
-        self.handles
-            .lock()
-            .expect("handles lock")
-            .insert(fh, Handle { node, file });
+        self.handles.lock().expect("handles lock").insert(
+            fh,
+            Handle {
+                node,
+                file,
+                partial: None,
+            },
+        );
         Ok((fh, flags, backing_id))
     }
 
@@ -628,11 +659,19 @@ impl Server {
         let Some(h) = self.handles.lock().expect("handles lock").remove(&fh) else {
             return;
         };
+        if let Some(p) = &h.partial {
+            if p.drop_handle() {
+                self.forget_partial_if_idle(&p.id);
+            }
+        }
         let mut nodes = self.nodes.lock().expect("nodes lock");
         let Some(n) = nodes.nodes.get_mut(&h.node) else {
             return;
         };
         n.opens = n.opens.saturating_sub(1);
+        if h.partial.is_some() {
+            n.chunked = n.chunked.saturating_sub(1);
+        }
         if n.opens == 0 {
             if let Some(id) = n.backing.take() {
                 // The last open of the inode is gone, and the kernel let go
@@ -642,12 +681,25 @@ impl Server {
         }
     }
 
-    fn read(&self, unique: u64, fh: u64, offset: u64, size: u32) -> Reply {
+    /// Answers a READ: from the handle's file, or for an object being
+    /// fetched chunk by chunk once the chunks it needs are in.
+    fn read(self: &Arc<Self>, unique: u64, fh: u64, offset: u64, size: u32) {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        let file = match self.handles.lock().expect("handles lock").get(&fh) {
-            Some(h) => h.file.clone(),
-            None => return Reply::error(unique, libc::EBADF),
+        let (file, partial) = match self.handles.lock().expect("handles lock").get(&fh) {
+            Some(h) => (h.file.clone(), h.partial.clone()),
+            None => {
+                self.reply(Reply::error(unique, libc::EBADF));
+                return;
+            }
         };
+        if let Some(p) = partial {
+            p.read(self, unique, offset, size);
+            return;
+        }
+        self.reply(Self::read_file(unique, &file, offset, size));
+    }
+
+    fn read_file(unique: u64, file: &File, offset: u64, size: u32) -> Reply {
         let mut buf = vec![0u8; size.min(MAX_READ) as usize];
         let mut done = 0;
         while done < buf.len() {
@@ -662,6 +714,126 @@ impl Server {
             }
         }
         Reply::ok(unique).bytes(&buf[..done])
+    }
+
+    /// The partial of missing object `id` (joined, or started), if the
+    /// source can fetch it chunk by chunk and fewer than
+    /// [`partial::MAX_PARTIALS`] are served; counts a handle on it.
+    fn partial_for(&self, id: &ObjectId, size: u64) -> Option<Arc<Partial>> {
+        let mut map = self.partials.lock().expect("partials lock");
+        if let Some(p) = map.get(id) {
+            if p.outcome() == partial::Outcome::Pending {
+                p.add_handle();
+                return Some(p.clone());
+            }
+            // Refused (or published and gone from the store since): a
+            // new open starts afresh, as after any failed fetch.
+            if p.idle() {
+                map.remove(id);
+            }
+            return None;
+        }
+        if map.len() >= partial::MAX_PARTIALS {
+            return None;
+        }
+        let starts = self.fetcher.source().chunks(id)?;
+        if !partial::valid_starts(&starts, size) {
+            if starts.len() > 1 {
+                tracing::warn!(
+                    object = %id,
+                    "the source cuts object {id} ({size} bytes) in {} chunks that do not tile it;                      fetching it whole",
+                    starts.len()
+                );
+            }
+            return None;
+        }
+        match Partial::new(&self.store.tmp_dir(), *id, size, starts) {
+            Ok(p) => {
+                let p = Arc::new(p);
+                p.add_handle();
+                map.insert(*id, p.clone());
+                Some(p)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    object = %id,
+                    "staging object {id} for chunked reads in {}: {e}; fetching it whole",
+                    self.store.tmp_dir().display()
+                );
+                None
+            }
+        }
+    }
+
+    /// Answers an OPEN of a missing object with a handle whose READs are
+    /// served from its partial (no passthrough, the page cache kept: its
+    /// bytes never change).
+    fn open_chunked(&self, unique: u64, node: u64, p: Arc<Partial>) {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut nodes = self.nodes.lock().expect("nodes lock");
+            let Some(n) = nodes.nodes.get_mut(&node) else {
+                drop(nodes);
+                if p.drop_handle() {
+                    self.forget_partial_if_idle(&p.id);
+                }
+                self.reply(Reply::error(unique, libc::ENOENT));
+                return;
+            };
+            n.opens += 1;
+            n.chunked += 1;
+        }
+        self.counters.chunked_opens.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().expect("handles lock").insert(
+            fh,
+            Handle {
+                node,
+                file: p.file.clone(),
+                partial: Some(p),
+            },
+        );
+        if !self.reply(Reply::ok(unique).open(fh, open_flags::KEEP_CACHE, 0)) {
+            self.release(fh);
+        }
+    }
+
+    /// Drops the partial of `id` from the table if nothing holds it (no
+    /// handle, no fetch thread).
+    pub fn forget_partial_if_idle(&self, id: &ObjectId) {
+        let mut map = self.partials.lock().expect("partials lock");
+        if map.get(id).is_some_and(|p| p.idle()) {
+            map.remove(id);
+        }
+    }
+
+    /// Starts (once) the thread that fails chunked reads waiting past
+    /// their deadline; it holds the server weakly and ends with it.
+    pub fn start_partial_timer(self: &Arc<Self>) {
+        if self.partial_timer.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("cairn-chunk-timer".into())
+            .spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                let Some(server) = weak.upgrade() else { return };
+                let partials: Vec<Arc<Partial>> = server
+                    .partials
+                    .lock()
+                    .expect("partials lock")
+                    .values()
+                    .cloned()
+                    .collect();
+                let now = std::time::Instant::now();
+                for p in partials {
+                    p.expire(&server, now);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("starting the chunked read timer: {e}");
+            self.partial_timer.store(false, Ordering::SeqCst);
+        }
     }
 
     /// Directory listings: ".", "..", and for the root the 256 fan-out
