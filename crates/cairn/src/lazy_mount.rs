@@ -158,6 +158,18 @@ impl ObjectSource for RemoteSource {
                 .map_err(|e| FetchError::Other(e.to_string())),
         )
     }
+
+    fn chunks(&self, id: &ObjectId) -> Option<Vec<u64>> {
+        self.remote.chunk_starts(id)
+    }
+
+    fn fetch_chunk(&self, id: &ObjectId, k: usize) -> Result<Vec<u8>, FetchError> {
+        match self.remote.fetch_chunk(id, k) {
+            Ok(Some(data)) => Ok(data),
+            Ok(None) => Err(FetchError::Other(format!("object {id} has no chunk {k}"))),
+            Err(e) => Err(FetchError::Other(e.to_string())),
+        }
+    }
 }
 
 /// A FUSE data layer served by a process of its own, not yet told that
@@ -419,7 +431,8 @@ fn server(
     match result {
         Ok(stats) => {
             eprintln!("cairn lazy layer for image {digest}: done: {stats:?}");
-            if stats.fetches_failed == 0 && stats.fetches_timed_out == 0 {
+            if stats.fetches_failed == 0 && stats.fetches_timed_out == 0 && stats.chunks_failed == 0
+            {
                 let _ = fs::remove_file(log_path);
             }
             0

@@ -20,8 +20,8 @@
 //! completes. A chunk that fails (wrong bytes, a registry error) fails the
 //! reads waiting for it with `EIO` and is logged with the source's reason
 //! (which names the object and the blob); it is retried when a read needs
-//! it again, and in the background after 1 s, 2 s, 4 s (then only on
-//! demand).
+//! it again, and in the background after 1 s, 2 s, 4 s, … (at most 30 s
+//! apart, 8 times; then only on demand).
 //!
 //! When every chunk is in, the thread copies the staging file into a
 //! store stager (which hashes it), and publishes it only if its fs-verity
@@ -64,8 +64,9 @@ pub(crate) const MAX_PARTIALS: usize = 8;
 pub(crate) const MAX_CHUNKS: usize = 1 << 22;
 /// The longest chunk accepted (its bytes are held in memory).
 pub(crate) const MAX_CHUNK_LEN: u64 = 16 << 20;
-/// Background retries of a failed chunk (reads retry it any time).
-const BACKGROUND_ATTEMPTS: u8 = 4;
+/// Background retries of a failed chunk (reads retry it any time), after
+/// 1 s, 2 s, 4 s, … up to 30 s.
+const BACKGROUND_ATTEMPTS: u8 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Chunk {
@@ -398,7 +399,8 @@ impl Partial {
                     }
                     Err(reason) => {
                         st.attempts[k] = st.attempts[k].saturating_add(1);
-                        let backoff = Duration::from_secs(1 << (st.attempts[k] - 1).min(5));
+                        let backoff =
+                            Duration::from_secs((1u64 << (st.attempts[k] - 1).min(5)).min(30));
                         st.chunks[k] = Chunk::Failed(Instant::now() + backoff);
                         srv.counters.chunks_failed.fetch_add(1, Ordering::Relaxed);
                         tracing::error!(
