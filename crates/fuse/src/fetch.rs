@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use cairn_store::{ObjectId, ObjectStager, Store};
 
+use crate::partial::Partial;
 use crate::{FetchError, ObjectSource};
 
 /// The rest of an open, run once with the flight's outcome (`Err` holds the
@@ -114,6 +115,10 @@ pub(crate) struct Fetcher {
     /// Wakes the timer: a new deadline, or stop.
     timer_wake: Condvar,
     pub counters: FetchCounters,
+    /// Missing objects served chunk by chunk (`partial.rs`): a fetch of
+    /// one of them waits for its partial instead of fetching it again.
+    /// Locked after `state`, never before.
+    pub partials: Mutex<HashMap<ObjectId, Arc<Partial>>>,
 }
 
 impl Fetcher {
@@ -136,6 +141,7 @@ impl Fetcher {
             state: Mutex::new(State::default()),
             timer_wake: Condvar::new(),
             counters: FetchCounters::default(),
+            partials: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&f);
         std::thread::Builder::new()
@@ -195,6 +201,15 @@ impl Fetcher {
         self.submit(id, size, done, true);
     }
 
+    /// Whether a flight is fetching `id` (queued or running).
+    pub fn in_flight(&self, id: &ObjectId) -> bool {
+        self.state
+            .lock()
+            .expect("fetch state lock")
+            .inflight
+            .contains_key(id)
+    }
+
     fn submit(self: &Arc<Self>, id: &ObjectId, size: u64, waiter: Waiter, background: bool) {
         if self.store.has_object(id) {
             return waiter(Ok(()));
@@ -236,6 +251,20 @@ impl Fetcher {
                 return;
             }
         }
+        // Being fetched chunk by chunk for a reader: wait for that.
+        let partial = self
+            .partials
+            .lock()
+            .expect("partials lock")
+            .get(id)
+            .cloned();
+        let waiter = match partial {
+            Some(p) => match p.when_done(waiter) {
+                Ok(()) => return,
+                Err(w) => w,
+            },
+            None => waiter,
+        };
         let flight = Arc::new(Flight {
             id: *id,
             size,

@@ -39,7 +39,11 @@
 //! for it), and `1 + f` threads beyond the workers (the deadline timer and
 //! the fetch threads, each streaming into a staged file with no buffer of
 //! its own). Nothing grows with an object's size. The constants are in
-//! [`REQUEST_BUFFER`] and `server::MAX_READ`.
+//! [`REQUEST_BUFFER`] and `server::MAX_READ`. Large missing objects read
+//! chunk by chunk (`partial`) add at most 8 staging files (on disk) and
+//! 8 threads, each holding one chunk (at most 16 MiB; 1 MiB with cairn's
+//! artifacts) while it is fetched and checked, plus a few bytes per chunk
+//! of state and one timer thread.
 
 #![deny(unsafe_code)]
 

@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 
 use cairn_store::ObjectId;
 
+use crate::fetch::Waiter;
 use crate::proto::Reply;
 use crate::server::{Server, MAX_READ};
 
@@ -108,6 +109,9 @@ struct State {
     /// Open handles on the partial.
     handles: u32,
     outcome: Outcome,
+    /// Fetches of the object (a background walk's) waiting for it to be
+    /// stored.
+    stored_waiters: Vec<Waiter>,
 }
 
 /// A missing object being fetched chunk by chunk, with readers.
@@ -186,6 +190,7 @@ impl Partial {
                 fetching: false,
                 handles: 0,
                 outcome: Outcome::Pending,
+                stored_waiters: Vec::new(),
             }),
             wake: Condvar::new(),
         })
@@ -208,6 +213,17 @@ impl Partial {
     /// The chunk holding byte `at` (< size).
     fn chunk_of(&self, at: u64) -> usize {
         self.starts.partition_point(|&s| s <= at) - 1
+    }
+
+    /// Runs `waiter` once this partial has stored the object (or failed
+    /// to); gives it back if no fetch thread runs to do that.
+    pub fn when_done(&self, waiter: Waiter) -> Result<(), Waiter> {
+        let mut st = self.lock();
+        if !st.fetching || st.outcome != Outcome::Pending {
+            return Err(waiter);
+        }
+        st.stored_waiters.push(waiter);
+        Ok(())
     }
 
     pub fn add_handle(&self) {
@@ -354,7 +370,11 @@ impl Partial {
                         // retries: reads may still ask for them (and
                         // start a thread again).
                         st.fetching = false;
+                        let done = std::mem::take(&mut st.stored_waiters);
                         drop(st);
+                        for w in done {
+                            w(Err(format!("object {}: chunks failed", self.id)));
+                        }
                         if let Some(srv) = server.upgrade() {
                             srv.forget_partial_if_idle(&self.id);
                         }
@@ -460,11 +480,24 @@ impl Partial {
     /// The thread ends: waiters left (none should be) fail, and the
     /// partial leaves the server's table if no handle holds it.
     fn stop(&self, server: Option<&Arc<Server>>) {
-        let waiters = {
+        let (waiters, done, outcome) = {
             let mut st = self.lock();
             st.fetching = false;
-            std::mem::take(&mut st.waiters)
+            (
+                std::mem::take(&mut st.waiters),
+                std::mem::take(&mut st.stored_waiters),
+                st.outcome,
+            )
         };
+        for w in done {
+            w(match outcome {
+                Outcome::Published => Ok(()),
+                _ => Err(format!(
+                    "object {}: its chunked fetch ended without storing it",
+                    self.id
+                )),
+            });
+        }
         if let Some(srv) = server {
             for w in waiters {
                 srv.reply(Reply::error(w.unique, libc::EIO));

@@ -105,8 +105,6 @@ pub(crate) struct Server {
     /// Objects in the order of their first open, when recording
     /// ([`crate::ServeOptions::record_opens`]); at most `max_nodes`.
     pub open_log: Mutex<Option<OpenLog>>,
-    /// Missing objects served chunk by chunk (`partial.rs`).
-    partials: Mutex<HashMap<ObjectId, Arc<Partial>>>,
     /// Whether the thread that expires waiting chunked reads runs.
     partial_timer: AtomicBool,
 }
@@ -232,7 +230,6 @@ impl Server {
             pending_opens: AtomicUsize::new(0),
             counters: Counters::default(),
             open_log: Mutex::new(None),
-            partials: Mutex::new(HashMap::new()),
             partial_timer: AtomicBool::new(false),
         }
     }
@@ -552,7 +549,10 @@ impl Server {
                 log.order.push(id);
             }
         }
-        if !self.store.has_object(&id) {
+        // A missing object that a fetch is bringing already (a background
+        // one, say) is waited for; otherwise, if it can be, it is served
+        // chunk by chunk.
+        if !self.store.has_object(&id) && !self.fetcher.in_flight(&id) {
             if let Some(p) = self.partial_for(&id, size) {
                 self.open_chunked(unique, node, p);
                 return;
@@ -720,7 +720,7 @@ impl Server {
     /// source can fetch it chunk by chunk and fewer than
     /// [`partial::MAX_PARTIALS`] are served; counts a handle on it.
     fn partial_for(&self, id: &ObjectId, size: u64) -> Option<Arc<Partial>> {
-        let mut map = self.partials.lock().expect("partials lock");
+        let mut map = self.fetcher.partials.lock().expect("partials lock");
         if let Some(p) = map.get(id) {
             if p.outcome() == partial::Outcome::Pending {
                 p.add_handle();
@@ -800,7 +800,7 @@ impl Server {
     /// Drops the partial of `id` from the table if nothing holds it (no
     /// handle, no fetch thread).
     pub fn forget_partial_if_idle(&self, id: &ObjectId) {
-        let mut map = self.partials.lock().expect("partials lock");
+        let mut map = self.fetcher.partials.lock().expect("partials lock");
         if map.get(id).is_some_and(|p| p.idle()) {
             map.remove(id);
         }
@@ -819,6 +819,7 @@ impl Server {
                 std::thread::sleep(std::time::Duration::from_millis(200));
                 let Some(server) = weak.upgrade() else { return };
                 let partials: Vec<Arc<Partial>> = server
+                    .fetcher
                     .partials
                     .lock()
                     .expect("partials lock")

@@ -223,6 +223,11 @@ fn privileged_fuse_chunked_reads() {
         assert!(took < Duration::from_secs(2), "the read took {took:?}");
         assert!(!store.has_object(&big_id), "published before all chunks");
 
+        // A background fetch of it waits for the chunked fetch instead of
+        // fetching it whole.
+        let bg = fuse.background();
+        let waiting = std::thread::spawn(move || bg.fetch(&big_id));
+
         // 2. A chunk the source refuses: EIO for the reads that need it,
         // other chunks of the object read fine, nothing stored.
         let g = fs::File::open(target.join("other")).unwrap();
@@ -256,6 +261,7 @@ fn privileged_fuse_chunked_reads() {
         o.dedup();
         assert_eq!(o, (0..8).collect::<Vec<_>>(), "chunks fetched of other");
         assert_eq!(fs::read(store.object_path(&big_id)).unwrap(), big);
+        assert_eq!(waiting.join().unwrap(), Ok(()));
         assert_eq!(source.whole_fetches.load(Ordering::SeqCst), 0);
         // The whole file through the open handle, from the staging file.
         let mut all = vec![0u8; big.len()];
