@@ -102,11 +102,15 @@ pub(crate) struct FetchCounters {
     pub background: AtomicU64,
     /// Objects published as neighbours of the object a flight was for.
     pub neighbours: AtomicU64,
+    /// Chunks fetched, chunk fetches failed, objects stored by partials.
+    pub chunks_fetched: AtomicU64,
+    pub chunks_failed: AtomicU64,
+    pub chunked_published: AtomicU64,
 }
 
 /// The fetches of one server.
 pub(crate) struct Fetcher {
-    store: Arc<Store>,
+    pub store: Arc<Store>,
     source: Arc<dyn ObjectSource>,
     timeout: Duration,
     max_fetches: usize,
@@ -199,6 +203,38 @@ impl Fetcher {
     /// [`shutdown`](Self::shutdown).
     pub fn background(self: &Arc<Self>, id: &ObjectId, size: u64, done: Waiter) {
         self.submit(id, size, done, true);
+    }
+
+    /// Drops the partial of `id` from the table if nothing holds it (no
+    /// handle, no fetch thread).
+    pub fn forget_partial_if_idle(&self, id: &ObjectId) {
+        let mut map = self.partials.lock().expect("partials lock");
+        if map.get(id).is_some_and(|p| p.idle()) {
+            map.remove(id);
+        }
+    }
+
+    /// Waits (at most `limit`) until no partial has a fetch thread: what
+    /// a reader started is stored before the server exits.
+    pub fn wait_partials(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let busy = {
+                let map = self.partials.lock().expect("partials lock");
+                map.values().filter(|p| p.fetching()).count()
+            };
+            if busy == 0 {
+                return;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    "{busy} objects read chunk by chunk are still incomplete as the layer goes; \
+                     they are not stored"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Whether a flight is fetching `id` (queued or running).

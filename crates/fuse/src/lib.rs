@@ -413,9 +413,9 @@ impl FuseMount {
             neighbours_published: f.neighbours.load(Ordering::Relaxed),
             bad_messages: c.bad_messages.load(Ordering::Relaxed),
             chunked_opens: c.chunked_opens.load(Ordering::Relaxed),
-            chunks_fetched: c.chunks_fetched.load(Ordering::Relaxed),
-            chunks_failed: c.chunks_failed.load(Ordering::Relaxed),
-            chunked_published: c.chunked_published.load(Ordering::Relaxed),
+            chunks_fetched: f.chunks_fetched.load(Ordering::Relaxed),
+            chunks_failed: f.chunks_failed.load(Ordering::Relaxed),
+            chunked_published: f.chunked_published.load(Ordering::Relaxed),
         }
     }
 
@@ -447,6 +447,9 @@ impl FuseMount {
             self.mounted = false;
         }
         self.workers.join();
+        // Large files a reader started are stored before we return.
+        let f = &self.server.fetcher;
+        f.wait_partials(f.timeout());
         Ok(self.stats())
     }
 
@@ -464,6 +467,9 @@ impl FuseMount {
             self.mounted = false;
         }
         self.workers.join();
+        // Large files a reader started are stored before we return.
+        let f = &self.server.fetcher;
+        f.wait_partials(f.timeout());
         Ok(self.stats())
     }
 

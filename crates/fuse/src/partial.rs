@@ -42,6 +42,10 @@
 //! partial, 32 MiB in all. Disk: the staging file, freed when the last
 //! handle and the thread let go of it.
 //!
+//! The fetch thread holds the fetcher (source, store) and the server only
+//! weakly: it finishes an object after the layer is gone, and the mount's
+//! unmount waits for it (`Fetcher::wait_partials`).
+//!
 //! Deadlines: a read waiter is answered `EIO` once the fetch timeout has
 //! passed (the server's partial timer looks every 200 ms); the chunk's
 //! fetch goes on, and a later read gets it.
@@ -55,7 +59,7 @@ use std::time::{Duration, Instant};
 
 use cairn_store::ObjectId;
 
-use crate::fetch::Waiter;
+use crate::fetch::{Fetcher, Waiter};
 use crate::proto::Reply;
 use crate::server::{Server, MAX_READ};
 
@@ -238,6 +242,11 @@ impl Partial {
         st.handles == 0 && !st.fetching
     }
 
+    /// Whether a fetch thread runs for it.
+    pub fn fetching(&self) -> bool {
+        self.lock().fetching
+    }
+
     /// Whether the partial may go (no handle, no thread).
     pub fn idle(&self) -> bool {
         let st = self.lock();
@@ -306,10 +315,10 @@ impl Partial {
             return;
         }
         st.fetching = true;
-        let (me, weak) = (self.clone(), Arc::downgrade(server));
+        let (me, fetcher, weak) = (self.clone(), server.fetcher.clone(), Arc::downgrade(server));
         let spawned = std::thread::Builder::new()
             .name(format!("cairn-chunks-{}", &self.id.to_hex()[..8]))
-            .spawn(move || me.run(weak));
+            .spawn(move || me.run(fetcher, weak));
         if let Err(e) = spawned {
             tracing::warn!(object = %self.id, "starting a chunk fetch thread: {e}");
             st.fetching = false;
@@ -345,8 +354,11 @@ impl Partial {
     }
 
     /// The fetch thread: chunks until every one is in (then publication)
-    /// or none is left to try, or the server is gone.
-    fn run(self: Arc<Self>, server: Weak<Server>) {
+    /// or none is left to try. It goes on after the layer is gone (the
+    /// server then waits for it, up to its fetch timeout, before it
+    /// exits), so that a file read by a short-lived process is still
+    /// stored; it answers reads while the server is there.
+    fn run(self: Arc<Self>, fetcher: Arc<Fetcher>, server: Weak<Server>) {
         loop {
             let k = {
                 let mut st = self.lock();
@@ -356,12 +368,14 @@ impl Partial {
                         k
                     }
                     Pick::Wait(at) => {
-                        let wait = at.saturating_duration_since(Instant::now());
-                        let _ = self.wake.wait_timeout(st, wait).expect("partial lock");
                         if server.strong_count() == 0 {
-                            self.stop(None);
+                            // Only failed chunks are left, and no reader.
+                            drop(st);
+                            self.stop(&fetcher, &server);
                             return;
                         }
+                        let wait = at.saturating_duration_since(Instant::now());
+                        let _ = self.wake.wait_timeout(st, wait).expect("partial lock");
                         continue;
                     }
                     Pick::Nothing if st.done == st.chunks.len() => break,
@@ -369,30 +383,14 @@ impl Partial {
                         // Chunks failed more often than the background
                         // retries: reads may still ask for them (and
                         // start a thread again).
-                        st.fetching = false;
-                        let done = std::mem::take(&mut st.stored_waiters);
                         drop(st);
-                        for w in done {
-                            w(Err(format!("object {}: chunks failed", self.id)));
-                        }
-                        if let Some(srv) = server.upgrade() {
-                            srv.forget_partial_if_idle(&self.id);
-                        }
+                        self.stop(&fetcher, &server);
                         return;
                     }
                 }
             };
-            let Some(srv) = server.upgrade() else {
-                self.stop(None);
-                return;
-            };
-            if srv.fetcher.stopped() {
-                self.stop(Some(&srv));
-                return;
-            }
             let (start, end) = self.range(k);
-            let result = srv
-                .fetcher
+            let result = fetcher
                 .source()
                 .fetch_chunk(&self.id, k)
                 .map_err(|e| e.to_string())
@@ -408,6 +406,7 @@ impl Partial {
                         .write_all_at(&data, start)
                         .map_err(|e| format!("writing the staging file: {e}"))
                 });
+            let c = &fetcher.counters;
             let (ready, failed) = {
                 let mut st = self.lock();
                 match &result {
@@ -415,14 +414,14 @@ impl Partial {
                         st.chunks[k] = Chunk::Done;
                         st.done += 1;
                         st.next = k + 1;
-                        srv.counters.chunks_fetched.fetch_add(1, Ordering::Relaxed);
+                        c.chunks_fetched.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(reason) => {
                         st.attempts[k] = st.attempts[k].saturating_add(1);
                         let backoff =
                             Duration::from_secs((1u64 << (st.attempts[k] - 1).min(5)).min(30));
                         st.chunks[k] = Chunk::Failed(Instant::now() + backoff);
-                        srv.counters.chunks_failed.fetch_add(1, Ordering::Relaxed);
+                        c.chunks_failed.fetch_add(1, Ordering::Relaxed);
                         tracing::error!(
                             object = %self.id,
                             "object {}: chunk {k} (bytes {start}..{end}): {reason}; reads of it \
@@ -444,42 +443,36 @@ impl Partial {
                 }
                 (ready, failed)
             };
-            for w in ready {
-                srv.reply(self.answer(w.unique, w.offset, w.len));
-            }
-            for w in failed {
-                srv.reply(Reply::error(w.unique, libc::EIO));
+            if let Some(srv) = server.upgrade() {
+                for w in ready {
+                    srv.reply(self.answer(w.unique, w.offset, w.len));
+                }
+                for w in failed {
+                    srv.reply(Reply::error(w.unique, libc::EIO));
+                }
             }
         }
-        let Some(srv) = server.upgrade() else {
-            self.stop(None);
-            return;
+        let outcome = match self.publish(&fetcher.store) {
+            Ok(()) => {
+                fetcher
+                    .counters
+                    .chunked_published
+                    .fetch_add(1, Ordering::Relaxed);
+                Outcome::Published
+            }
+            Err(reason) => {
+                tracing::error!(object = %self.id, "{reason}");
+                Outcome::Refused
+            }
         };
-        let complete = {
-            let st = self.lock();
-            st.done == st.chunks.len()
-        };
-        if complete {
-            let outcome = match self.publish(&srv) {
-                Ok(()) => {
-                    srv.counters
-                        .chunked_published
-                        .fetch_add(1, Ordering::Relaxed);
-                    Outcome::Published
-                }
-                Err(reason) => {
-                    tracing::error!(object = %self.id, "{reason}");
-                    Outcome::Refused
-                }
-            };
-            self.lock().outcome = outcome;
-        }
-        self.stop(Some(&srv));
+        self.lock().outcome = outcome;
+        self.stop(&fetcher, &server);
     }
 
-    /// The thread ends: waiters left (none should be) fail, and the
-    /// partial leaves the server's table if no handle holds it.
-    fn stop(&self, server: Option<&Arc<Server>>) {
+    /// The thread ends: reads still waiting (none should be) fail, fetches
+    /// waiting for the object are told, and the partial leaves the table
+    /// if no handle holds it.
+    fn stop(&self, fetcher: &Fetcher, server: &Weak<Server>) {
         let (waiters, done, outcome) = {
             let mut st = self.lock();
             st.fetching = false;
@@ -498,19 +491,18 @@ impl Partial {
                 )),
             });
         }
-        if let Some(srv) = server {
+        if let Some(srv) = server.upgrade() {
             for w in waiters {
                 srv.reply(Reply::error(w.unique, libc::EIO));
             }
-            srv.forget_partial_if_idle(&self.id);
         }
+        fetcher.forget_partial_if_idle(&self.id);
     }
 
     /// Copies the staging file into the store's staging (which hashes it)
     /// and publishes it if it hashes to the object's name.
-    fn publish(&self, server: &Server) -> Result<(), String> {
+    fn publish(&self, store: &cairn_store::Store) -> Result<(), String> {
         let id = self.id;
-        let store = &*server.store;
         let _lock = store
             .lock_shared()
             .map_err(|e| format!("publishing object {id}: {e}"))?;

@@ -80,9 +80,6 @@ pub(crate) struct Counters {
     pub backing_closed: AtomicU64,
     pub bad_messages: AtomicU64,
     pub chunked_opens: AtomicU64,
-    pub chunks_fetched: AtomicU64,
-    pub chunks_failed: AtomicU64,
-    pub chunked_published: AtomicU64,
 }
 
 pub(crate) struct Server {
@@ -797,13 +794,9 @@ impl Server {
         }
     }
 
-    /// Drops the partial of `id` from the table if nothing holds it (no
-    /// handle, no fetch thread).
+    /// Drops the partial of `id` from the table if nothing holds it.
     pub fn forget_partial_if_idle(&self, id: &ObjectId) {
-        let mut map = self.fetcher.partials.lock().expect("partials lock");
-        if map.get(id).is_some_and(|p| p.idle()) {
-            map.remove(id);
-        }
+        self.fetcher.forget_partial_if_idle(id);
     }
 
     /// Starts (once) the thread that fails chunked reads waiting past
