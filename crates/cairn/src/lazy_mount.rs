@@ -164,6 +164,18 @@ impl ObjectSource for RemoteSource {
                 .map_err(|e| FetchError::Other(e.to_string())),
         )
     }
+
+    fn chunks(&self, id: &ObjectId) -> Option<Vec<u64>> {
+        self.remote.chunk_starts(id)
+    }
+
+    fn fetch_chunk(&self, id: &ObjectId, k: usize) -> Result<Vec<u8>, FetchError> {
+        match self.remote.fetch_chunk(id, k) {
+            Ok(Some(data)) => Ok(data),
+            Ok(None) => Err(FetchError::Other(format!("object {id} has no chunk {k}"))),
+            Err(e) => Err(FetchError::Other(e.to_string())),
+        }
+    }
 }
 
 /// A FUSE data layer served by a process of its own, not yet told that
@@ -707,7 +719,8 @@ fn worker(served: &mut Served, start: Start) -> i32 {
     match result {
         Ok(stats) => {
             eprintln!("cairn lazy layer for image {digest}: done: {stats:?}");
-            if stats.fetches_failed == 0 && stats.fetches_timed_out == 0 {
+            if stats.fetches_failed == 0 && stats.fetches_timed_out == 0 && stats.chunks_failed == 0
+            {
                 0
             } else {
                 2

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use cairn_store::{ObjectId, ObjectStager, Store};
 
+use crate::partial::Partial;
 use crate::{FetchError, ObjectSource};
 
 /// The rest of an open, run once with the flight's outcome (`Err` holds the
@@ -101,11 +102,15 @@ pub(crate) struct FetchCounters {
     pub background: AtomicU64,
     /// Objects published as neighbours of the object a flight was for.
     pub neighbours: AtomicU64,
+    /// Chunks fetched, chunk fetches failed, objects stored by partials.
+    pub chunks_fetched: AtomicU64,
+    pub chunks_failed: AtomicU64,
+    pub chunked_published: AtomicU64,
 }
 
 /// The fetches of one server.
 pub(crate) struct Fetcher {
-    store: Arc<Store>,
+    pub store: Arc<Store>,
     source: Arc<dyn ObjectSource>,
     timeout: Duration,
     max_fetches: usize,
@@ -114,6 +119,10 @@ pub(crate) struct Fetcher {
     /// Wakes the timer: a new deadline, or stop.
     timer_wake: Condvar,
     pub counters: FetchCounters,
+    /// Missing objects served chunk by chunk (`partial.rs`): a fetch of
+    /// one of them waits for its partial instead of fetching it again.
+    /// Locked after `state`, never before.
+    pub partials: Mutex<HashMap<ObjectId, Arc<Partial>>>,
 }
 
 impl Fetcher {
@@ -136,6 +145,7 @@ impl Fetcher {
             state: Mutex::new(State::default()),
             timer_wake: Condvar::new(),
             counters: FetchCounters::default(),
+            partials: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&f);
         std::thread::Builder::new()
@@ -195,6 +205,47 @@ impl Fetcher {
         self.submit(id, size, done, true);
     }
 
+    /// Drops the partial of `id` from the table if nothing holds it (no
+    /// handle, no fetch thread).
+    pub fn forget_partial_if_idle(&self, id: &ObjectId) {
+        let mut map = self.partials.lock().expect("partials lock");
+        if map.get(id).is_some_and(|p| p.idle()) {
+            map.remove(id);
+        }
+    }
+
+    /// Waits (at most `limit`) until no partial has a fetch thread: what
+    /// a reader started is stored before the server exits.
+    pub fn wait_partials(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let busy = {
+                let map = self.partials.lock().expect("partials lock");
+                map.values().filter(|p| p.fetching()).count()
+            };
+            if busy == 0 {
+                return;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    "{busy} objects read chunk by chunk are still incomplete as the layer goes; \
+                     they are not stored"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether a flight is fetching `id` (queued or running).
+    pub fn in_flight(&self, id: &ObjectId) -> bool {
+        self.state
+            .lock()
+            .expect("fetch state lock")
+            .inflight
+            .contains_key(id)
+    }
+
     fn submit(self: &Arc<Self>, id: &ObjectId, size: u64, waiter: Waiter, background: bool) {
         if self.store.has_object(id) {
             return waiter(Ok(()));
@@ -236,6 +287,20 @@ impl Fetcher {
                 return;
             }
         }
+        // Being fetched chunk by chunk for a reader: wait for that.
+        let partial = self
+            .partials
+            .lock()
+            .expect("partials lock")
+            .get(id)
+            .cloned();
+        let waiter = match partial {
+            Some(p) => match p.when_done(waiter) {
+                Ok(()) => return,
+                Err(w) => w,
+            },
+            None => waiter,
+        };
         let flight = Arc::new(Flight {
             id: *id,
             size,

@@ -43,7 +43,11 @@
 //! for it), and `1 + f` threads beyond the workers (the deadline timer and
 //! the fetch threads, each streaming into a staged file with no buffer of
 //! its own). Nothing grows with an object's size. The constants are in
-//! [`REQUEST_BUFFER`] and `server::MAX_READ`.
+//! [`REQUEST_BUFFER`] and `server::MAX_READ`. Large missing objects read
+//! chunk by chunk (`partial`) add at most 8 staging files (on disk) and
+//! 8 threads, each holding one chunk (at most 16 MiB; 1 MiB with cairn's
+//! artifacts) while it is fetched and checked, plus a few bytes per chunk
+//! of state and one timer thread.
 
 #![deny(unsafe_code)]
 
@@ -51,6 +55,7 @@ mod dev;
 mod fetch;
 mod handover;
 mod journal;
+mod partial;
 pub mod proto;
 mod server;
 
@@ -113,6 +118,31 @@ pub trait ObjectSource: Send + Sync {
     /// `group[0]` alone with [`fetch`](Self::fetch).
     fn publish_group(&self, _store: &Store, _group: &[ObjectId]) -> Option<Result<(), FetchError>> {
         None
+    }
+
+    /// Where the pieces of `id` start, if the source can fetch it piece
+    /// by piece and check each piece on its own (a chunked object of
+    /// cairn's index, each chunk with its sha256; an eStargz file, each
+    /// chunk with its TOC `chunkDigest`): offsets strictly increasing from
+    /// 0, each below the object's size; piece `k` ends where `k + 1`
+    /// starts (the last at the size). The server then answers reads of a
+    /// missing object as soon as the pieces they need are in
+    /// ([`fetch_chunk`](Self::fetch_chunk)), instead of waiting for the
+    /// whole. `None` (the default), or a single piece: whole objects only.
+    /// Called on OPEN, so it must be cheap (an index).
+    fn chunks(&self, _id: &ObjectId) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// Piece `k` of `id` (as [`chunks`](Self::chunks) cuts it), checked
+    /// by the source against the digest it has for that piece before it
+    /// returns: the server serves these bytes to readers before the whole
+    /// object can be checked, so an unchecked piece must never be
+    /// returned. Wrong bytes are an error naming the object and where its
+    /// bytes came from. The server checks the length and, once every piece
+    /// is in, the whole object's fs-verity digest before it stores it.
+    fn fetch_chunk(&self, id: &ObjectId, _k: usize) -> Result<Vec<u8>, FetchError> {
+        Err(FetchError::NotFound(*id))
     }
 }
 
@@ -228,6 +258,15 @@ pub struct Stats {
     /// Objects published as neighbours of the object a fetch was for.
     pub neighbours_published: u64,
     pub bad_messages: u64,
+    /// Opens of a missing object served chunk by chunk (READs answered by
+    /// cairn from a staging file) while it is fetched.
+    pub chunked_opens: u64,
+    /// Chunks fetched and checked for such opens.
+    pub chunks_fetched: u64,
+    /// Chunk fetches that failed (wrong bytes, the source failed).
+    pub chunks_failed: u64,
+    /// Objects fetched chunk by chunk, verified whole and published.
+    pub chunked_published: u64,
 }
 
 /// Fetches objects into the store through a served layer's fetcher, behind
@@ -385,6 +424,10 @@ impl FuseMount {
             fetches_background: f.background.load(Ordering::Relaxed),
             neighbours_published: f.neighbours.load(Ordering::Relaxed),
             bad_messages: c.bad_messages.load(Ordering::Relaxed),
+            chunked_opens: c.chunked_opens.load(Ordering::Relaxed),
+            chunks_fetched: f.chunks_fetched.load(Ordering::Relaxed),
+            chunks_failed: f.chunks_failed.load(Ordering::Relaxed),
+            chunked_published: f.chunked_published.load(Ordering::Relaxed),
         }
     }
 
@@ -416,6 +459,9 @@ impl FuseMount {
             self.mounted = false;
         }
         self.workers.join();
+        // Large files a reader started are stored before we return.
+        let f = &self.server.fetcher;
+        f.wait_partials(f.timeout());
         Ok(self.stats())
     }
 
@@ -446,6 +492,9 @@ impl FuseMount {
             self.mounted = false;
         }
         self.workers.join();
+        // Large files a reader started are stored before we return.
+        let f = &self.server.fetcher;
+        f.wait_partials(f.timeout());
         Ok(self.stats())
     }
 

@@ -27,6 +27,7 @@ use rustix::io::Errno;
 use crate::dev;
 use crate::fetch::Fetcher;
 use crate::journal::{Journal, FH_SHIFT};
+use crate::partial::{self, Partial};
 use crate::proto::{self, open_flags, Attr, Op, Reply, Request};
 
 /// The first node id given to an object.
@@ -48,6 +49,10 @@ struct Node {
     opens: u32,
     /// The backing id its open handles were passed through to.
     backing: Option<i32>,
+    /// Open handles served chunk by chunk (by READ): while there are any,
+    /// new opens are served by READ too (the kernel does not mix cached
+    /// and passthrough opens of one inode).
+    chunked: u32,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +67,8 @@ struct Nodes {
 struct Handle {
     node: u64,
     file: Arc<File>,
+    /// The object is being fetched chunk by chunk: READs wait for chunks.
+    partial: Option<Arc<Partial>>,
 }
 
 /// Counters for tests and `cairn` to report.
@@ -73,6 +80,7 @@ pub(crate) struct Counters {
     pub backing_opened: AtomicU64,
     pub backing_closed: AtomicU64,
     pub bad_messages: AtomicU64,
+    pub chunked_opens: AtomicU64,
 }
 
 pub(crate) struct Server {
@@ -98,6 +106,8 @@ pub(crate) struct Server {
     /// With a fixed list of objects ([`crate::ServeOptions::resumable`]):
     /// node ids from the list, and the state a successor needs.
     pub journal: Option<Arc<Journal>>,
+    /// Whether the thread that expires waiting chunked reads runs.
+    partial_timer: AtomicBool,
 }
 
 /// The objects opened, each once, in first-open order.
@@ -222,6 +232,7 @@ impl Server {
             counters: Counters::default(),
             open_log: Mutex::new(None),
             journal: None,
+            partial_timer: AtomicBool::new(false),
         }
     }
 
@@ -284,6 +295,7 @@ impl Server {
                     size,
                     nlookup: 0,
                     opens: 0,
+                    chunked: 0,
                     backing: None,
                 },
             );
@@ -405,6 +417,7 @@ impl Server {
                 Handle {
                     node,
                     file: Arc::new(file),
+                    partial: None,
                 },
             );
         }
@@ -420,6 +433,7 @@ impl Server {
                     nlookup: n.nlookup,
                     opens: n.opens,
                     backing: (n.backing != 0).then_some(n.backing),
+                    chunked: 0,
                 },
             );
         }
@@ -492,6 +506,10 @@ impl Server {
                     return (Flow::Continue, self.open(unique, node, slot));
                 }
             }
+            // Replies itself, now or once its chunks are in.
+            Op::Read { fh, offset, size } => {
+                return (Flow::Continue, self.read(unique, fh, offset, size, slot))
+            }
             op => {
                 let r = self.answer(unique, node, op);
                 self.reply(r);
@@ -513,7 +531,6 @@ impl Server {
                 Some(a) => Reply::ok(unique).attr(VALID_SECS, &a),
                 None => err(libc::ENOENT),
             },
-            Op::Read { fh, offset, size } => self.read(unique, fh, offset, size),
             Op::Release { fh } => {
                 self.release(fh);
                 Reply::ok(unique)
@@ -549,6 +566,7 @@ impl Server {
             Op::Other => err(libc::ENOSYS),
             // Handled by the caller.
             Op::Open { .. }
+            | Op::Read { .. }
             | Op::Forget { .. }
             | Op::BatchForget(_)
             | Op::Interrupt { .. }
@@ -617,6 +635,7 @@ impl Server {
                 nlookup: 1,
                 opens: 0,
                 backing: None,
+                chunked: 0,
             },
         );
         nodes.by_id.insert(id, ino);
@@ -681,6 +700,15 @@ impl Server {
                 log.order.push(id);
             }
         }
+        // A missing object that a fetch is bringing already (a background
+        // one, say) is waited for; otherwise, if it can be, it is served
+        // chunk by chunk.
+        if !self.store.has_object(&id) && !self.fetcher.in_flight(&id) {
+            if let Some(p) = self.partial_for(&id, size) {
+                self.open_chunked(unique, node, p);
+                return false;
+            }
+        }
         let me = self.clone();
         self.pending_opens.fetch_add(1, Ordering::SeqCst);
         let waiter = Box::new(move |present: Result<(), String>| {
@@ -711,6 +739,17 @@ impl Server {
         true
     }
 
+    /// A new file handle for `node`; with a journal it names its node, for
+    /// a successor.
+    fn new_fh(&self, node: u64) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if self.journal.is_some() {
+            node << FH_SHIFT | (fh & ((1 << FH_SHIFT) - 1))
+        } else {
+            fh
+        }
+    }
+
     /// Opens an object that is in the store. Returns the handle, the open
     /// flags and the backing id (0 without passthrough).
     fn open_present(&self, node: u64, id: &ObjectId, size: u64) -> Result<(u64, u32, i32), i32> {
@@ -729,17 +768,13 @@ impl Server {
             return Err(libc::EIO);
         }
         let file = Arc::new(file);
-        let mut fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        if self.journal.is_some() {
-            // The handle names its node, for a successor.
-            fh = node << FH_SHIFT | (fh & ((1 << FH_SHIFT) - 1));
-        }
+        let fh = self.new_fh(node);
         let mut flags = open_flags::KEEP_CACHE;
         let mut backing_id = 0;
         {
             let mut nodes = self.nodes.lock().expect("nodes lock");
             let n = nodes.nodes.get_mut(&node).ok_or(libc::ENOENT)?;
-            if self.passthrough.load(Ordering::Relaxed) {
+            if self.passthrough.load(Ordering::Relaxed) && n.chunked == 0 {
                 let bid = match n.backing {
                     Some(b) => Some(b),
                     None => match dev::backing_open(self.dev.as_fd(), &file) {
@@ -776,26 +811,38 @@ impl Server {
         } else {
             self.counters.plain_opens.fetch_add(1, Ordering::Relaxed);
         }
-        self.handles
-            .lock()
-            .expect("handles lock")
-            .insert(fh, Handle { node, file });
+        self.handles.lock().expect("handles lock").insert(
+            fh,
+            Handle {
+                node,
+                file,
+                partial: None,
+            },
+        );
         Ok((fh, flags, backing_id))
     }
 
     fn release(&self, fh: u64) {
-        let node = match self.handles.lock().expect("handles lock").remove(&fh) {
-            Some(h) => h.node,
+        let (node, partial) = match self.handles.lock().expect("handles lock").remove(&fh) {
+            Some(h) => (h.node, h.partial),
             // A predecessor's handle: it names its node.
-            None if self.journal_index(fh >> FH_SHIFT).is_some() => fh >> FH_SHIFT,
+            None if self.journal_index(fh >> FH_SHIFT).is_some() => (fh >> FH_SHIFT, None),
             None => return,
         };
+        if let Some(p) = &partial {
+            if p.drop_handle() {
+                self.forget_partial_if_idle(&p.id);
+            }
+        }
         self.materialize(node);
         let mut nodes = self.nodes.lock().expect("nodes lock");
         let Some(n) = nodes.nodes.get_mut(&node) else {
             return;
         };
         n.opens = n.opens.saturating_sub(1);
+        if partial.is_some() {
+            n.chunked = n.chunked.saturating_sub(1);
+        }
         if n.opens == 0 {
             if let Some(id) = n.backing.take() {
                 // The last open of the inode is gone, and the kernel let go
@@ -806,15 +853,46 @@ impl Server {
         self.persist(node, n);
     }
 
-    fn read(&self, unique: u64, fh: u64, offset: u64, size: u32) -> Reply {
+    /// Answers a READ: from the handle's file, or for an object being
+    /// fetched chunk by chunk once the chunks it needs are in.
+    /// Returns true when the read waits for chunks and took over `slot`.
+    fn read(
+        self: &Arc<Self>,
+        unique: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        slot: Option<u32>,
+    ) -> bool {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        let file = match self.handles.lock().expect("handles lock").get(&fh) {
-            Some(h) => h.file.clone(),
+        let (file, partial) = match self.handles.lock().expect("handles lock").get(&fh) {
+            Some(h) => (h.file.clone(), h.partial.clone()),
             None => match self.predecessor_file(fh) {
-                Some(f) => f,
-                None => return Reply::error(unique, libc::EBADF),
+                Some(f) => (f, None),
+                None => match self.predecessor_partial(fh) {
+                    Some(p) => (p.file.clone(), Some(p)),
+                    None => {
+                        self.reply(Reply::error(unique, libc::EBADF));
+                        return false;
+                    }
+                },
             },
         };
+        if let Some(p) = partial {
+            return p.read(self, unique, offset, size, slot);
+        }
+        self.reply(Self::read_file(unique, &file, offset, size));
+        false
+    }
+
+    /// Clears a journal slot whose request has been answered.
+    pub(crate) fn clear_slot(&self, slot: Option<u32>) {
+        if let (Some(j), Some(s)) = (&self.journal, slot) {
+            j.clear(s);
+        }
+    }
+
+    fn read_file(unique: u64, file: &File, offset: u64, size: u32) -> Reply {
         let mut buf = vec![0u8; size.min(MAX_READ) as usize];
         let mut done = 0;
         while done < buf.len() {
@@ -837,6 +915,149 @@ impl Server {
         let i = self.journal_index(fh >> FH_SHIFT)?;
         let id = self.journal.as_ref()?.objects[i];
         File::open(self.store.object_path(&id)).ok().map(Arc::new)
+    }
+
+    /// A handle a predecessor opened on an object it was serving chunk by
+    /// chunk (still missing from the store): served the same way again,
+    /// the chunks fetched afresh, and kept as this server's handle so that
+    /// its RELEASE lets go of the partial.
+    fn predecessor_partial(&self, fh: u64) -> Option<Arc<Partial>> {
+        let node = fh >> FH_SHIFT;
+        let i = self.journal_index(node)?;
+        let id = self.journal.as_ref()?.objects[i];
+        self.materialize(node);
+        let size = self.object_size(&id)?;
+        let p = self.partial_for(&id, size)?;
+        if let Some(n) = self.nodes.lock().expect("nodes lock").nodes.get_mut(&node) {
+            n.chunked += 1;
+        }
+        self.handles.lock().expect("handles lock").insert(
+            fh,
+            Handle {
+                node,
+                file: p.file.clone(),
+                partial: Some(p.clone()),
+            },
+        );
+        Some(p)
+    }
+
+    /// The partial of missing object `id` (joined, or started), if the
+    /// source can fetch it chunk by chunk and fewer than
+    /// [`partial::MAX_PARTIALS`] are served; counts a handle on it.
+    fn partial_for(&self, id: &ObjectId, size: u64) -> Option<Arc<Partial>> {
+        let mut map = self.fetcher.partials.lock().expect("partials lock");
+        if let Some(p) = map.get(id) {
+            if p.outcome() == partial::Outcome::Pending {
+                p.add_handle();
+                return Some(p.clone());
+            }
+            // Refused (or published and gone from the store since): a
+            // new open starts afresh, as after any failed fetch.
+            if p.idle() {
+                map.remove(id);
+            }
+            return None;
+        }
+        if map.len() >= partial::MAX_PARTIALS {
+            return None;
+        }
+        let starts = self.fetcher.source().chunks(id)?;
+        if !partial::valid_starts(&starts, size) {
+            if starts.len() > 1 {
+                tracing::warn!(
+                    object = %id,
+                    "the source cuts object {id} ({size} bytes) in {} chunks that do not tile it;                      fetching it whole",
+                    starts.len()
+                );
+            }
+            return None;
+        }
+        match Partial::new(&self.store.tmp_dir(), *id, size, starts) {
+            Ok(p) => {
+                let p = Arc::new(p);
+                p.add_handle();
+                map.insert(*id, p.clone());
+                Some(p)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    object = %id,
+                    "staging object {id} for chunked reads in {}: {e}; fetching it whole",
+                    self.store.tmp_dir().display()
+                );
+                None
+            }
+        }
+    }
+
+    /// Answers an OPEN of a missing object with a handle whose READs are
+    /// served from its partial (no passthrough, the page cache kept: its
+    /// bytes never change).
+    fn open_chunked(&self, unique: u64, node: u64, p: Arc<Partial>) {
+        let fh = self.new_fh(node);
+        {
+            let mut nodes = self.nodes.lock().expect("nodes lock");
+            let Some(n) = nodes.nodes.get_mut(&node) else {
+                drop(nodes);
+                if p.drop_handle() {
+                    self.forget_partial_if_idle(&p.id);
+                }
+                self.reply(Reply::error(unique, libc::ENOENT));
+                return;
+            };
+            n.opens += 1;
+            n.chunked += 1;
+            self.persist(node, n);
+        }
+        self.counters.chunked_opens.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().expect("handles lock").insert(
+            fh,
+            Handle {
+                node,
+                file: p.file.clone(),
+                partial: Some(p),
+            },
+        );
+        if !self.reply(Reply::ok(unique).open(fh, open_flags::KEEP_CACHE, 0)) {
+            self.release(fh);
+        }
+    }
+
+    /// Drops the partial of `id` from the table if nothing holds it.
+    pub fn forget_partial_if_idle(&self, id: &ObjectId) {
+        self.fetcher.forget_partial_if_idle(id);
+    }
+
+    /// Starts (once) the thread that fails chunked reads waiting past
+    /// their deadline; it holds the server weakly and ends with it.
+    pub fn start_partial_timer(self: &Arc<Self>) {
+        if self.partial_timer.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("cairn-chunk-timer".into())
+            .spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                let Some(server) = weak.upgrade() else { return };
+                let partials: Vec<Arc<Partial>> = server
+                    .fetcher
+                    .partials
+                    .lock()
+                    .expect("partials lock")
+                    .values()
+                    .cloned()
+                    .collect();
+                let now = std::time::Instant::now();
+                for p in partials {
+                    p.expire(&server, now);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("starting the chunked read timer: {e}");
+            self.partial_timer.store(false, Ordering::SeqCst);
+        }
     }
 
     /// Directory listings: ".", "..", and for the root the 256 fan-out

@@ -195,6 +195,20 @@ impl RemoteObjects {
         }
     }
 
+    /// Where the chunks of object `id` start (0, 1 MiB, 2 MiB, …), if it
+    /// is chunked: each is fetched and checked on its own by
+    /// [`fetch_chunk`](Self::fetch_chunk). No network.
+    pub fn chunk_starts(&self, id: &ObjectId) -> Option<Vec<u64>> {
+        let e = self.index.get(id).filter(ObjectEntry::is_chunked)?;
+        let mut at = 0u64;
+        let mut starts = Vec::with_capacity(e.frames.len());
+        for f in &e.frames {
+            starts.push(at);
+            at += f.size;
+        }
+        Some(starts)
+    }
+
     /// Fetches object `id`, checks it, and writes its plain bytes to
     /// `out`; returns its size. A small object is checked whole against
     /// its fs-verity digest before any byte is written. A chunked object

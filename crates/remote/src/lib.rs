@@ -25,6 +25,7 @@
 
 pub mod artifact;
 mod error;
+pub mod estargz;
 pub mod fetch;
 pub mod index;
 pub mod lazy;

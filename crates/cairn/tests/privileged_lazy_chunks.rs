@@ -1,0 +1,332 @@
+//! A large file of a lazily pulled image is read chunk by chunk: a read
+//! near the end of a 40 MiB file returns once the chunks it needs are
+//! fetched (the registry, behind a counting proxy, has served only those
+//! ranges), a chunk the registry corrupts gives `EIO` and a log line
+//! naming the object and the blob, and the object is later complete,
+//! verified, stored and passed through. Mounts for real: root only, never
+//! skipped.
+
+mod support;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::images::{random_bytes, text, Tar};
+use support::registry::LocalRegistry;
+use support::{cairn_ok, cairn_out};
+
+const MIB: usize = 1 << 20;
+
+/// An HTTP proxy on 127.0.0.1, one request per connection (it asks the
+/// registry to close, and so tells the client): it records each blob
+/// request's `Range`, waits `delay` before answering one, and while
+/// `corrupt` is set flips a byte in the middle of every ranged body.
+struct RangeProxy {
+    addr: String,
+    ranges: Arc<Mutex<Vec<(String, String)>>>,
+    corrupt: Arc<AtomicBool>,
+}
+
+fn head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+}
+
+impl RangeProxy {
+    fn start(upstream: &str, delay: Duration) -> RangeProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let ranges = Arc::new(Mutex::new(Vec::new()));
+        let corrupt = Arc::new(AtomicBool::new(false));
+        let (r, c, up) = (ranges.clone(), corrupt.clone(), upstream.to_string());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(client) = conn else { continue };
+                let (r, c, up) = (r.clone(), c.clone(), up.clone());
+                std::thread::spawn(move || {
+                    let _ = one_request(client, &up, &r, &c, delay);
+                });
+            }
+        });
+        RangeProxy {
+            addr,
+            ranges,
+            corrupt,
+        }
+    }
+
+    fn blob_ranges(&self) -> Vec<(String, String)> {
+        self.ranges.lock().unwrap().clone()
+    }
+}
+
+fn one_request(
+    mut client: TcpStream,
+    upstream: &str,
+    ranges: &Mutex<Vec<(String, String)>>,
+    corrupt: &AtomicBool,
+    delay: Duration,
+) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 8192];
+    let end = loop {
+        if let Some(e) = head_end(&buf) {
+            break e;
+        }
+        let n = client.read(&mut tmp)?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or_default().to_string();
+    let path = request_line
+        .split(' ')
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    let mut out_head = format!("{request_line}\r\n");
+    let mut range = None;
+    let mut body_len = 0usize;
+    for l in lines.filter(|l| !l.is_empty()) {
+        let lower = l.to_ascii_lowercase();
+        if lower.starts_with("connection:") {
+            continue;
+        }
+        if let Some(v) = lower.strip_prefix("range:") {
+            range = Some(v.trim().to_string());
+        }
+        if let Some(v) = lower.strip_prefix("content-length:") {
+            body_len = v.trim().parse().unwrap_or(0);
+        }
+        out_head.push_str(l);
+        out_head.push_str("\r\n");
+    }
+    out_head.push_str("Connection: close\r\n\r\n");
+    let mut body = buf[end..].to_vec();
+    while body.len() < body_len {
+        let n = client.read(&mut tmp)?;
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&tmp[..n]);
+    }
+    let ranged_blob = path.contains("/blobs/") && range.is_some();
+    if ranged_blob {
+        ranges
+            .lock()
+            .unwrap()
+            .push((path.clone(), range.clone().unwrap_or_default()));
+        std::thread::sleep(delay);
+    }
+    let mut server = TcpStream::connect(upstream)?;
+    server.write_all(out_head.as_bytes())?;
+    server.write_all(&body)?;
+    let mut response = Vec::new();
+    server.read_to_end(&mut response)?;
+    if ranged_blob && corrupt.load(Ordering::SeqCst) {
+        if let Some(e) = head_end(&response) {
+            let mid = e + (response.len() - e) / 2;
+            if mid < response.len() {
+                response[mid] ^= 0x55;
+            }
+        }
+    }
+    client.write_all(&response)?;
+    let _ = client.shutdown(Shutdown::Both);
+    Ok(())
+}
+
+fn sha256_hex(d: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(d)))
+}
+
+/// One gzip layer: a 40 MiB file, an 8 MiB file, a small one.
+fn push_image(reg: &LocalRegistry, repo: &str, big: &[u8], other: &[u8]) -> String {
+    let mut t = Tar::default();
+    t.dir("data")
+        .file("data/big.bin", big)
+        .file("data/other.bin", other)
+        .file("data/small.txt", &text(3000, 7));
+    let tar = t.finish();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+    gz.write_all(&tar).unwrap();
+    let blob = gz.finish().unwrap();
+    assert_eq!(reg.push_blob(repo, &blob), sha256_hex(&blob));
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [sha256_hex(&tar)]},
+    }))
+    .unwrap();
+    let cd = reg.push_blob(repo, &config);
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": sha256_hex(&blob), "size": blob.len()}],
+    }))
+    .unwrap();
+    reg.push_manifest(
+        repo,
+        "1",
+        "application/vnd.oci.image.manifest.v1+json",
+        &manifest,
+    );
+    reg.reference(&format!("{repo}:1"))
+}
+
+/// The store's objects of exactly `len` bytes.
+fn objects_of_len(root: &Path, len: u64) -> usize {
+    let mut n = 0;
+    for fanout in fs::read_dir(root.join("objects")).unwrap() {
+        for e in fs::read_dir(fanout.unwrap().path()).unwrap() {
+            if e.unwrap().metadata().unwrap().len() == len {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn privileged_lazy_large_file_is_read_chunk_by_chunk() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test mounts and must run as root (it is not skipped)"
+    );
+    let reg = LocalRegistry::start();
+    let big = random_bytes(40 * MIB + 4321, 11);
+    let other = random_bytes(8 * MIB, 12);
+    let reference = push_image(&reg, "lazy/chunks", &big, &other);
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-lazy-chunks")
+        .tempdir()
+        .unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    cairn_ok(&a, &["pull", "-q", &reference]);
+    cairn_ok(
+        &a,
+        &[
+            "push",
+            "-q",
+            &reference,
+            &reg.reference("lazy/chunks:1-lazy"),
+        ],
+    );
+    let proxy = RangeProxy::start(&reg.addr, Duration::from_millis(150));
+    let via = format!("{}/lazy/chunks:1", proxy.addr);
+    cairn_ok(&b, &["pull", "-q", "--lazy", "--no-prefetch", &via]);
+    let target = dir.path().join("mnt");
+    fs::create_dir_all(&target).unwrap();
+    let report = cairn_ok(
+        &b,
+        &[
+            Path::new("mount"),
+            Path::new("--json"),
+            Path::new("--lazy"),
+            Path::new("--lazy-fetch"),
+            Path::new("on-demand"),
+            Path::new(&via),
+            &target,
+        ],
+    );
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let pid = report["lazy_server"].as_i64().expect("a lazy server pid") as i32;
+
+    // 1. Near the end of the 40 MiB file: answered after its chunks only.
+    let before = proxy.blob_ranges().len();
+    let f = fs::File::open(target.join("data/big.bin")).unwrap();
+    let at = big.len() - 300_000;
+    let mut buf = vec![0u8; 64 * 1024];
+    let t0 = Instant::now();
+    f.read_exact_at(&mut buf, at as u64).unwrap();
+    let took = t0.elapsed();
+    let served = proxy.blob_ranges()[before..].to_vec();
+    assert!(buf[..] == big[at..at + buf.len()], "wrong bytes");
+    assert!(
+        (1..=3).contains(&served.len()),
+        "the read returned after {} ranges ({took:?}): {served:?}",
+        served.len()
+    );
+    assert!(took < Duration::from_secs(3), "the read took {took:?}");
+    assert_eq!(objects_of_len(&b, big.len() as u64), 0, "stored early");
+
+    // 2. The registry corrupts what it sends: EIO for a read of a chunk
+    // not fetched yet; nothing stored. Then it serves right, and the read
+    // works.
+    let g = fs::File::open(target.join("data/other.bin")).unwrap();
+    let mut small = vec![0u8; 4096];
+    proxy.corrupt.store(true, Ordering::SeqCst);
+    let err = g
+        .read_exact_at(&mut small, (6 * MIB + 10) as u64)
+        .expect_err("a corrupt chunk must not be read");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    proxy.corrupt.store(false, Ordering::SeqCst);
+    assert_eq!(objects_of_len(&b, other.len() as u64), 0);
+    g.read_exact_at(&mut small, (6 * MIB + 10) as u64).unwrap();
+    assert!(small[..] == other[6 * MIB + 10..6 * MIB + 4106]);
+
+    // 3. The rest follows: both verified and stored, and the early
+    // handle reads the whole file.
+    wait_for("both large objects stored", 120, || {
+        objects_of_len(&b, big.len() as u64) == 1 && objects_of_len(&b, other.len() as u64) == 1
+    });
+    let mut all = vec![0u8; big.len()];
+    f.read_exact_at(&mut all, 0).unwrap();
+    assert!(all == big, "the early handle reads the whole file");
+    drop(f);
+    drop(g);
+    std::thread::sleep(Duration::from_millis(300));
+    // A later open is served from the store (passed through).
+    let ranges = proxy.blob_ranges().len();
+    assert!(fs::read(target.join("data/big.bin")).unwrap() == big);
+    assert!(fs::read(target.join("data/other.bin")).unwrap() == other);
+    assert_eq!(proxy.blob_ranges().len(), ranges, "fetched again");
+
+    let out = cairn_out(&b, &[Path::new("umount"), &target]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("the lazy server exits", 20, || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    // Its log (kept: a chunk failed) names the object and the blob, and
+    // its counters say the later opens passed through.
+    let mut log = String::new();
+    for e in fs::read_dir(b.join("lazy")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "log") {
+            log.push_str(&fs::read_to_string(&p).unwrap());
+        }
+    }
+    assert!(
+        log.contains("sha256:") && log.contains("chunk") && log.contains("EIO"),
+        "{log}"
+    );
+    assert!(log.contains("chunked_published: 2"), "{log}");
+    if log.contains("passthrough: true") {
+        assert!(!log.contains("passthrough_opens: 0,"), "{log}");
+    }
+    support::assert_fsck_clean(&b, "after chunked reads");
+}
