@@ -210,6 +210,7 @@ fn parse_idmap(s: &str) -> Result<cairn_mount::IdMap, String> {
 }
 
 fn init_logging(g: &Global) {
+    use tracing_subscriber::filter::Targets;
     let level = if g.quiet {
         "error"
     } else {
@@ -220,14 +221,31 @@ fn init_logging(g: &Global) {
             _ => "trace",
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    // `CAIRN_LOG` takes `level` or `target=level,…` directives (`Targets`,
+    // not `EnvFilter`: the latter's span and field matching compiles regular
+    // expressions, whose Unicode tables add thousands of relocations that
+    // every start of this static PIE pays for; issue 12's start-time work).
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let default = || level.parse::<Targets>().expect("a plain level parses");
+    let (filter, bad) = match std::env::var("CAIRN_LOG") {
+        Ok(directives) => match directives.parse::<Targets>() {
+            Ok(t) => (t, None),
+            Err(e) => (default(), Some((directives, e))),
+        },
+        Err(_) => (default(), None),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_max_level(tracing::Level::TRACE)
         .with_writer(std::io::stderr)
         .with_target(false)
         .without_time()
+        .finish()
+        .with(filter)
         .init();
+    if let Some((directives, e)) = bad {
+        tracing::warn!("ignoring CAIRN_LOG={directives:?}: {e}");
+    }
 }
 
 /// Prints `value` as JSON or through `human`.
