@@ -322,6 +322,11 @@ impl Server {
                 if let Some(n) = nodes.nodes.get_mut(&(FIRST_OBJECT_ID + i as u64)) {
                     n.opens = opens;
                     n.backing = backing;
+                    // Opens without a backing id were served by READ (the
+                    // object was being fetched chunk by chunk); the kernel
+                    // refuses passthrough opens of the inode until they are
+                    // released.
+                    n.chunked = if backing.is_none() { opens } else { 0 };
                 }
             }
         }
@@ -823,12 +828,15 @@ impl Server {
     }
 
     fn release(&self, fh: u64) {
-        let (node, partial) = match self.handles.lock().expect("handles lock").remove(&fh) {
-            Some(h) => (h.node, h.partial),
-            // A predecessor's handle: it names its node.
-            None if self.journal_index(fh >> FH_SHIFT).is_some() => (fh >> FH_SHIFT, None),
-            None => return,
-        };
+        let (node, partial, predecessor) =
+            match self.handles.lock().expect("handles lock").remove(&fh) {
+                Some(h) => (h.node, h.partial, false),
+                // A predecessor's handle: it names its node.
+                None if self.journal_index(fh >> FH_SHIFT).is_some() => {
+                    (fh >> FH_SHIFT, None, true)
+                }
+                None => return,
+            };
         if let Some(p) = &partial {
             if p.drop_handle() {
                 self.forget_partial_if_idle(&p.id);
@@ -840,7 +848,7 @@ impl Server {
             return;
         };
         n.opens = n.opens.saturating_sub(1);
-        if partial.is_some() {
+        if partial.is_some() || (predecessor && n.backing.is_none()) {
             n.chunked = n.chunked.saturating_sub(1);
         }
         if n.opens == 0 {
