@@ -314,7 +314,7 @@ fn probe(g: &Global) -> Result<()> {
         features
             .require(&cairn_mount::STACK_FEATURES)
             .and_then(|()| features.erofs_path())
-            .map(|_| "supported".to_string()),
+            .map(|_| format!("supported; overlay layers {}", features.layer_path())),
     ));
     output(g, &rows, |_| features.to_string())
 }

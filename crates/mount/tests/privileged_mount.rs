@@ -898,6 +898,37 @@ fn privileged_legacy_lowerdir_syntax_builds_the_same_stack() {
     });
 }
 
+/// The path of kernels before 6.15 (layers attached in a private namespace
+/// of one thread while the overlay is made), taken here on purpose: the
+/// same stack, idmapped or not, with nothing but the overlay in the mount
+/// table, and the overlay still serving once that namespace is gone.
+#[test]
+fn privileged_private_namespace_path_builds_the_same_stack() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        for idmap in [None, Some(IDMAP)] {
+            let before = mounts();
+            let watch = ImageWatch::new(&fx.image);
+            let mut opts = fx.opts(UpperSpec::Tmpfs { size: None });
+            opts.idmap = idmap;
+            cairn_mount::stack::prepare_image_in_private_namespace(&opts)
+                .expect("prepare with the layers in a private namespace")
+                .attach(&fx.target)
+                .expect("attach");
+            watch.reset();
+            assert_only_the_overlay(&fx, &before);
+            assert_eq!(fs::read(fx.at("hello.txt")).unwrap(), HELLO);
+            assert_eq!(fs::read(fx.at("home/user/notes")).unwrap(), NOTES);
+            if idmap.is_some() {
+                let m = fs::metadata(fx.at("home/user/notes")).unwrap();
+                assert_eq!((m.uid(), m.gid()), (101_000, 101_000), "idmapped");
+            }
+            fs::write(fx.at("new.txt"), b"w").unwrap();
+            unmount_and_check_clean(&fx, &before, &watch);
+        }
+    });
+}
+
 /// The mounter is killed with SIGKILL after building the whole stack
 /// (userns, idmapped EROFS and objects, tmpfs upper, overlay) but before
 /// attaching it: everything must vanish with the process.
