@@ -106,6 +106,8 @@ pub(crate) fn in_private_namespace<T: Send>(
                 body(&PrivateNamespace { _private: () })
             })
             .map_err(|e| StepFailure::io("spawning the private-namespace thread", &e))?;
-        thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        thread
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
 }

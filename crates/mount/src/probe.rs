@@ -643,6 +643,15 @@ fn probe_fs_verity() -> Support {
     verity_support_of(exe.as_fd(), "/proc/self/exe")
 }
 
+/// fs-verity support as seen through the filesystem of the directory or
+/// file at `path` (for "does the store's filesystem have it").
+pub fn verity_support_at(path: &std::path::Path) -> Support {
+    match std::fs::File::open(path) {
+        Ok(f) => verity_support_of(f.as_fd(), &path.display().to_string()),
+        Err(e) => Support::Absent(format!("could not tell: opening {}: {e}", path.display())),
+    }
+}
+
 /// fs-verity support as seen through the filesystem of `fd`.
 pub(crate) fn verity_support_of(fd: std::os::fd::BorrowedFd<'_>, what: &str) -> Support {
     match sys::measure_verity(fd) {
@@ -768,9 +777,7 @@ mod tests {
         let text = err.to_string();
         assert!(!text.contains('\n'), "{text}");
         assert!(
-            text.starts_with(
-                "kernel 6.1.0-56-cloud-amd64 lacks overlayfs data-only lower layers"
-            ),
+            text.starts_with("kernel 6.1.0-56-cloud-amd64 lacks overlayfs data-only lower layers"),
             "{text}"
         );
         assert!(text.contains("Linux ≥ 6.5"), "{text}");

@@ -367,14 +367,9 @@ fn prepare_with(
     }
     let upper = prepare_upper(opts, &erofs)?;
     let overlay = match layers {
-        LayerPath::Detached => mount_overlay(
-            opts,
-            &image,
-            erofs.as_fd(),
-            objects.as_fd(),
-            &upper,
-            append,
-        )?,
+        LayerPath::Detached => {
+            mount_overlay(opts, &image, erofs.as_fd(), objects.as_fd(), &upper, append)?
+        }
         LayerPath::PrivateNamespace => {
             // The overlay's errors are already MountErrors; setup failures
             // (unshare, move_mount) are StepFailures named after the overlay.
