@@ -222,10 +222,17 @@ pub struct KernelFeatures {
     support: Vec<Support>,
 }
 
+static CACHE: OnceLock<KernelFeatures> = OnceLock::new();
+
 /// The kernel's features, probed once per process and cached.
 pub fn probe() -> KernelFeatures {
-    static CACHE: OnceLock<KernelFeatures> = OnceLock::new();
     CACHE.get_or_init(KernelFeatures::detect).clone()
+}
+
+/// Whether [`probe`] has run in this process already (its answer is then
+/// free).
+pub(crate) fn probed() -> bool {
+    CACHE.get().is_some()
 }
 
 impl KernelFeatures {

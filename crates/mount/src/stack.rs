@@ -148,9 +148,9 @@ impl MountOptions<'_> {
         if self.idmap.is_some() {
             needed.extend([Feature::UserNamespaces, Feature::IdmappedMounts]);
         }
-        if self.verity == VerityMode::Require {
-            needed.push(Feature::FsVerity);
-        }
+        // fs-verity for verity=require is checked where it matters, on the
+        // objects' filesystem (the probe's answer is about the filesystem of
+        // cairn's own binary, which may differ).
         needed
     }
 }
@@ -264,11 +264,17 @@ fn prepare(
     force_loop: bool,
     force_private: bool,
 ) -> Result<PreparedMount, MountError> {
-    if !force_legacy && opts.verity == VerityMode::Off && !force_loop && !force_private {
+    if !force_legacy
+        && opts.verity == VerityMode::Off
+        && !force_loop
+        && !force_private
+        && !crate::probe::probed()
+    {
         // Fast path: assume the kernel has everything (probing costs more
         // than the mount itself); probe only to explain a failure, to
         // choose the older overlay syntax, a loop device for the image or
-        // the private namespace for the layers.
+        // the private namespace for the layers. Once this process has
+        // probed, its answer is free and a doomed first attempt is not.
         match prepare_with(opts, true, ErofsPath::File, LayerPath::Detached) {
             Ok(m) => return Ok(m),
             Err(first) => {

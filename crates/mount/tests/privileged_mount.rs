@@ -823,7 +823,8 @@ fn privileged_verity_require_is_refused_without_kernel_fs_verity() {
         let before = mounts();
         let mut opts = fx.opts(UpperSpec::None);
         opts.verity = VerityMode::Require;
-        if probe().has(Feature::FsVerity) {
+        let support = cairn_mount::probe::verity_support_at(opts.objects);
+        if support == cairn_mount::Support::Present {
             // A kernel with fs-verity: the stack mounts (reads of objects
             // without verity would then fail, which is the point).
             mount_image(&opts).expect("verity=require mounts where the kernel has fs-verity");
@@ -1017,6 +1018,10 @@ fn kill_helper_prepares_a_stack_and_waits() {
         idmap: Some(IDMAP),
         verity: VerityMode::Off,
     };
+    // Probed first, so that a kernel without detached layers (< 6.15) does
+    // not make (and close) a first EROFS mount before the stack the parent
+    // watches.
+    let _ = cairn_mount::probe();
     let prepared = prepare_image(&opts).expect("helper: prepare stack");
     println!("{HELPER_READY}");
     std::io::stdout().flush().unwrap();
