@@ -92,7 +92,7 @@ fn object_of(store: &Path, content: &[u8]) -> PathBuf {
     store.join("objects").join(id.object_path())
 }
 
-fn object_name(store: &Path, content: &[u8]) -> String {
+fn object_name(content: &[u8]) -> String {
     cairn_store::fsverity_digest(content).unwrap().object_path()
 }
 
@@ -194,7 +194,7 @@ fn privileged_verity_auto_says_which_mode_and_why() {
 fn privileged_verity_impostor_object_gives_eio_and_fsck_names_it() {
     let f = fixture();
     let object = object_of(&f.store, HELLO);
-    let name = object_name(&f.store, HELLO);
+    let name = object_name(HELLO);
     let mut impostor = HELLO.to_vec();
     impostor[..6].copy_from_slice(b"HELLO!");
     replace_file(&object, &impostor, f.verity);
@@ -230,7 +230,7 @@ fn privileged_verity_impostor_object_gives_eio_and_fsck_names_it() {
 fn privileged_verity_object_without_verity_is_refused_by_require() {
     let f = fixture();
     let object = object_of(&f.store, HELLO);
-    let name = object_name(&f.store, HELLO);
+    let name = object_name(HELLO);
     // Same bytes, no fs-verity.
     replace_file(&object, HELLO, false);
     let target = f.base.join("mnt");
