@@ -450,11 +450,7 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
         check_image_digest(&image, expected)?;
     }
     let verity = store.decide_verity(&digest, args.verity, lazy.is_some())?;
-    if args.verity == cairn_store::VerityChoice::Auto {
-        eprintln!("cairn: {verity}");
-    } else {
-        tracing::debug!(%verity, "overlay fs-verity");
-    }
+    tracing::debug!(%verity, "overlay fs-verity");
     let opts = cairn_mount::MountOptions {
         image: &image,
         objects: &objects,
@@ -470,6 +466,10 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
             args.mountpoint.display()
         )
     })?;
+    // Said once mounted, so that a refusal stays one line.
+    if args.verity == cairn_store::VerityChoice::Auto {
+        eprintln!("cairn: {verity}");
+    }
     let lazy_server = match lazy {
         Some((_, layer)) => {
             let pid = layer.pid();
