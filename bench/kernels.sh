@@ -53,12 +53,14 @@ out=$repo/bench/results/kernels-${kver:-$pkg}.md
   echo "| warm cairn run, verity=require / off | $(ratio "$(median run-verity)" "$(median run-off)") |"
   echo
   echo "Every mount on this kernel goes through the private-namespace path"
-  echo "(no detached overlay layers before 6.15): \`cairn mount\` runs its first"
-  echo "attempt with detached layers, which fails, then probes the kernel"
-  echo "(a few ms, once per process) and builds the stack again, so each"
-  echo "\`cairn mount\` here includes one failed attempt and one probe."
-  echo "\`--verity require\` adds a \`statx\` per object of the image (51 here)"
-  echo "and an image read; \`off\` adds neither."
+  echo "(no detached overlay layers before 6.15), and each \`cairn mount\` is a"
+  echo "new process, so each probes the kernel (a few ms). With \`--verity off\`"
+  echo "it first tries detached layers, which fails, then probes and builds the"
+  echo "stack again; \`--verity require\` probes first (no failed attempt) but"
+  echo "reads the image and \`statx\`es each of its objects (51 here). The two"
+  echo "extra costs are of the same order here, which is why the ratios are"
+  echo "near 1. The development machine was loaded by other builds meanwhile"
+  echo "(load average 15-20 on 2 cores): the rounds spread widely (raw lines)."
   echo
   echo "Raw lines:"
   echo
