@@ -59,10 +59,10 @@ run_true() {
   cairn -q run --rm --verity "$1" T /bin/true </dev/null >/dev/null
 }
 # Warm: one of each first.
-mount_umount off && mount_umount require && run_true off && run_true require || {
+if ! { mount_umount off && mount_umount require && run_true off && run_true require; }; then
   echo "BENCH-ERROR warm-up"
   exit 1
-}
+fi
 r=1
 while [ $r -le "$ROUNDS" ]; do
   unset CAIRN_EROFS_LOOP
