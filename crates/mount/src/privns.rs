@@ -94,20 +94,42 @@ impl PrivateNamespace {
 pub(crate) fn in_private_namespace<T: Send>(
     body: impl FnOnce(&PrivateNamespace) -> Result<T, StepFailure> + Send,
 ) -> Result<T, StepFailure> {
-    std::thread::scope(|scope| {
+    let (tid, result) = std::thread::scope(|scope| {
         let thread = std::thread::Builder::new()
             .name("cairn-privns".into())
             .spawn_scoped(scope, move || {
-                sys::unshare_mount_namespace()
-                    .map_err(|errno| StepFailure::new("unshare(CLONE_NEWNS)", errno))?;
-                sys::make_mount_tree_private().map_err(|errno| {
-                    StepFailure::new("mount_setattr (/, recursive, MS_PRIVATE)", errno)
-                })?;
-                body(&PrivateNamespace { _private: () })
+                let tid = rustix::thread::gettid();
+                let run = || {
+                    sys::unshare_mount_namespace()
+                        .map_err(|errno| StepFailure::new("unshare(CLONE_NEWNS)", errno))?;
+                    sys::make_mount_tree_private().map_err(|errno| {
+                        StepFailure::new("mount_setattr (/, recursive, MS_PRIVATE)", errno)
+                    })?;
+                    body(&PrivateNamespace { _private: () })
+                };
+                (tid, run())
             })
             .map_err(|e| StepFailure::io("spawning the private-namespace thread", &e))?;
-        thread
+        Ok(thread
             .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    })
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    })?;
+    wait_until_gone(tid);
+    result
+}
+
+/// `join` returns as soon as the thread's user-space part is done; the
+/// kernel task (and with it the private namespace and its mounts) goes a
+/// moment later. Wait for that, so that callers see a single-threaded
+/// process again (`cairn run` forks its monitor next, which needs one) and
+/// the attachments are gone when the overlay is returned. Bounded: after
+/// two seconds it stops waiting (the task then ends on its own).
+fn wait_until_gone(tid: rustix::thread::Pid) {
+    let task = format!("/proc/self/task/{}", tid.as_raw_nonzero());
+    let start = std::time::Instant::now();
+    while std::path::Path::new(&task).exists()
+        && start.elapsed() < std::time::Duration::from_secs(2)
+    {
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
 }
