@@ -14,15 +14,26 @@
 # scratch disk formatted ext4 with the `verity` feature, mounted at /scratch
 # with /tmp on it (EROFS cannot read image files on tmpfs).
 #
-# The guest runs each test binary (CAIRN_VM_TESTS, default the mount
-# crate's privileged_mount, once as it is and once with
-# CAIRN_EROFS_LOOP=1) with TEST-FILTER, and `cairn probe` first. Its
+# The guest runs `cairn probe`, then each test binary of CAIRN_VM_TESTS
+# ("crate:test[:filter,filter…]" entries; TEST-FILTER, when given, replaces
+# every entry's filters). The default: the mount crate's privileged_mount
+# (once as it is and once with CAIRN_EROFS_LOOP=1), cairn's
+# privileged_verity (with CAIRN_TEST_EXPECT_VERITY=1 where ext4 has
+# fs-verity, so the kernel's checks must run) and two of cairn's
+# privileged_run tests (crun, plain and idmapped). On a kernel that cannot
+# run the stack only the mount crate's refusal test runs. The guest first
+# moves its root from the initramfs (rootfs, which pivot_root refuses, and
+# crun pivots) to a tmpfs. Its
 # console is printed as it comes, each guest line prefixed with "vm: ",
 # except the test harness's own lines ("test NAME ... ok", "test result:
 # ..."), which are printed as they are so that the host's test summary
 # counts them. The exit status is the tests' (non-zero if any failed), 3
 # when the guest did not finish (timeout, kernel panic) and 2 when there is
 # no /dev/kvm.
+#
+# CAIRN_VM_BENCH=SCRIPT runs that shell script in the guest instead of the
+# tests (bench/kernels.sh uses bench/kernels-guest.sh); its lines come back
+# prefixed "vm: " like the rest of the console.
 #
 # Environment: CAIRN_VM_DIR (work directory, default /var/tmp/cairn-vm),
 # CAIRN_VM_TIMEOUT (seconds for the guest, default 600), CAIRN_VM_TESTS
@@ -43,8 +54,14 @@ esac
 
 repo=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 work=${CAIRN_VM_DIR:-/var/tmp/cairn-vm}
-tests=${CAIRN_VM_TESTS:-cairn-mount:privileged_mount}
+tests=${CAIRN_VM_TESTS:-cairn-mount:privileged_mount cairn:privileged_verity cairn:privileged_run:privileged_run_echo_exit_codes_and_signals,privileged_run_userns_auto_ranges_and_ownership}
 timeout_s=${CAIRN_VM_TIMEOUT:-600}
+bench=${CAIRN_VM_BENCH:-}
+if [ -n "$bench" ]; then
+  bench=$(readlink -f "$bench")
+  [ -f "$bench" ] || { echo "vm-test: no bench script $bench" >&2; exit 64; }
+  tests=
+fi
 
 log() { printf 'vm-test: %s\n' "$*" >&2; }
 die() {
@@ -129,8 +146,12 @@ case $profile in
   *) die "CAIRN_VM_PROFILE must be release or debug" ;;
 esac
 bins=()
+names=()
+filters=()
 for t in $tests; do
   crate=${t%%:*} name=${t#*:}
+  tfilter=
+  case $name in *:*) tfilter=${name#*:} name=${name%%:*} ;; esac
   log "building $crate --test $name ($profile)"
   # (Not tee /dev/stderr: where stderr is a file, reopening it truncates it.)
   built=$(cargo test "${cargo_profile[@]}" -p "$crate" --test "$name" --no-run 2>&1) || {
@@ -141,6 +162,8 @@ for t in $tests; do
   exe=$(sed -n 's/^ *Executable .*(\(.*\))$/\1/p' <<<"$built" | tail -1)
   [ -x "$exe" ] || die "no test binary for $crate --test $name"
   bins+=("$exe")
+  names+=("$crate-$name")
+  filters+=("${filter:-${tfilter//,/ }}")
 done
 log "building cairn ($profile)"
 if [ "$profile" = release ]; then
@@ -183,12 +206,18 @@ copy_with_libs mkfs.erofs
 copy_with_libs crun
 install -D "$cairn_bin" "$root/usr/bin/cairn"
 strip "$root/usr/bin/cairn" 2>/dev/null || true
-for exe in "${bins[@]}"; do
-  name=$(basename "$exe")
-  install "$exe" "$root/cairn/tests/${name%-*}"
-  strip "$root/cairn/tests/${name%-*}" 2>/dev/null || true
+# The cairn crate's tests run the binary at the path cargo compiled into
+# them (CARGO_BIN_EXE_cairn): the same one, there too.
+mkdir -p "$root$(dirname "$cairn_bin")"
+ln -s /usr/bin/cairn "$root$cairn_bin"
+: >"$root/cairn/tests/list"
+for i in "${!bins[@]}"; do
+  install "${bins[$i]}" "$root/cairn/tests/${names[$i]}"
+  strip "$root/cairn/tests/${names[$i]}" 2>/dev/null || true
+  # One line per binary: its name and its filters (may be empty).
+  printf '%s %s\n' "${names[$i]}" "${filters[$i]}" >>"$root/cairn/tests/list"
 done
-printf '%s\n' "$filter" >"$root/cairn/filter"
+if [ -n "$bench" ]; then install -m 755 "$bench" "$root/cairn/bench.sh"; fi
 echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
 echo "root:x:0:" >"$root/etc/group"
 
@@ -196,6 +225,18 @@ cat >"$root/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/usr/bin:/usr/sbin:/bin:/sbin HOME=/root
+if [ ! -e /.on-tmpfs ]; then
+  # rootfs cannot be pivoted away from (crun pivot_roots): copy the tree
+  # to a tmpfs and start again there.
+  mkdir -p /newroot
+  mount -t tmpfs -o size=90% tmpfs /newroot
+  for d in /*; do
+    case $d in /newroot | /proc | /sys | /dev) ;; *) cp -a "$d" /newroot/ ;; esac
+  done
+  mkdir -p /newroot/proc /newroot/sys /newroot/dev
+  : >/newroot/.on-tmpfs
+  exec switch_root /newroot /init
+fi
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
@@ -212,18 +253,29 @@ mount -t ext4 /dev/vda /scratch || echo "CAIRN-VM: cannot mount the scratch disk
 mkdir -p /scratch/tmp
 mount --bind /scratch/tmp /tmp
 echo "CAIRN-VM: kernel $(uname -r)"
-filter=$(cat /cairn/filter)
-if cairn probe | tee /dev/console | grep -q "^cairn mount and cairn run: supported"; then
-  modes="file loop"
+cairn probe >/tmp/probe.txt 2>&1
+cat /tmp/probe.txt
+if grep -q "^cairn mount and cairn run: supported" /tmp/probe.txt; then
+  # ext4 with fs-verity (the scratch disk has the feature): the verity
+  # tests must then take the kernel's branch. (Not the probe's fs-verity
+  # line: it asks cairn's own binary, here on a tmpfs.)
+  if [ -e /sys/fs/ext4/features/verity ]; then
+    export CAIRN_TEST_EXPECT_VERITY=1
+    echo "CAIRN-VM: ext4 has fs-verity: the verity tests must take the kernel's branch"
+  fi
 else
   # The kernel lacks the stack: what is left to test is that cairn says so
   # and leaves nothing behind.
   echo "CAIRN-VM: this kernel cannot run the composefs stack; testing its refusal only"
-  modes=file
-  filter=privileged_mount_follows_the_probe
   refusal=check
 fi
 rc=0
+if [ -x /cairn/bench.sh ]; then
+  /cairn/bench.sh || rc=1
+  echo "CAIRN-VM-EXIT $rc"
+  sync
+  poweroff -f
+fi
 if [ -n "${refusal:-}" ]; then
   # cairn mount itself: one line naming what is missing, nothing left.
   export CAIRN_ROOT=/tmp/refusal/store
@@ -250,14 +302,27 @@ if [ -n "${refusal:-}" ]; then
   fi
   unset CAIRN_ROOT
 fi
-for t in /cairn/tests/*; do
+while read -r name filter; do
+  t=/cairn/tests/$name
+  modes=file
+  if [ "$name" = cairn-mount-privileged_mount ]; then
+    modes="file loop"
+    if [ -n "${refusal:-}" ]; then
+      modes=file
+      filter=privileged_mount_follows_the_probe
+    fi
+  elif [ -n "${refusal:-}" ]; then
+    continue
+  fi
   for mode in $modes; do
-    echo "CAIRN-VM: running $(basename "$t") ($mode path) ${filter:+filter $filter}"
+    echo "CAIRN-VM: running $name ($mode path) ${filter:+filter $filter}"
     if [ "$mode" = loop ]; then export CAIRN_EROFS_LOOP=1; else unset CAIRN_EROFS_LOOP; fi
+    s0=$(cut -d. -f1 /proc/uptime)
     # shellcheck disable=SC2086
-    "$t" --test-threads=2 $filter || rc=1
+    "$t" --test-threads=2 $filter </dev/null || rc=1
+    echo "CAIRN-VM: $name ($mode path) took $(($(cut -d. -f1 /proc/uptime) - s0))s"
   done
-done
+done </cairn/tests/list
 unset CAIRN_EROFS_LOOP
 echo "CAIRN-VM: loop devices left: $(cat /sys/block/loop*/loop/backing_file 2>/dev/null | wc -l)"
 echo "CAIRN-VM-EXIT $rc"

@@ -145,9 +145,12 @@ struct MountArgs {
     /// Idmap the mount for a user namespace: container ids 0..COUNT map to host UID.., GID.. .
     #[arg(long, value_name = "UID:GID:COUNT", value_parser = parse_idmap)]
     idmap: Option<cairn_mount::IdMap>,
-    /// Require kernel fs-verity checks of every object read (fails where the kernel lacks fs-verity).
-    #[arg(long)]
-    require_verity: bool,
+    /// Kernel fs-verity checks of every object read (overlayfs verity=require): require (refuse to mount, naming the object, where one lacks fs-verity), auto (require where every object has it, else off; says which on stderr) or off.
+    #[arg(long, default_value = "auto", value_name = "require|auto|off")]
+    verity: cairn_store::VerityChoice,
+    /// The fs-verity digest (sha256, hex) the image file must have, as composefs's image digest: checked with FS_IOC_MEASURE_VERITY before mounting; refused on a mismatch or where the image has no fs-verity.
+    #[arg(long, value_name = "SHA256")]
+    digest: Option<String>,
     /// For an image pulled with --lazy: mount it now, fetching each missing file from the registry when it is first opened (a server process serves the layer until the mount is gone). A complete image mounts as usual.
     #[arg(long)]
     lazy: bool,
@@ -336,7 +339,7 @@ fn probe(g: &Global) -> Result<()> {
         features
             .require(&cairn_mount::STACK_FEATURES)
             .and_then(|()| features.erofs_path())
-            .map(|_| "supported".to_string()),
+            .map(|_| format!("supported; overlay layers {}", features.layer_path())),
     ));
     output(g, &rows, |_| features.to_string())
 }
@@ -371,6 +374,34 @@ fn dump(g: &Global, arg: &str) -> Result<()> {
         .and_then(|()| out.flush())
         .context("writing the dump to stdout")?;
     Ok(())
+}
+
+/// `--digest`: the image file's fs-verity digest, as the kernel measures
+/// it, must be `expected`. (Checked on the file by its path just before
+/// mounting: the image is the store's, which is immutable and sealed, so
+/// only root replacing it by rename in that moment could slip by.)
+fn check_image_digest(image: &Path, expected: &str) -> Result<()> {
+    let expected = expected.trim().to_ascii_lowercase();
+    let expected = expected.strip_prefix("sha256:").unwrap_or(&expected);
+    let want: cairn_store::ObjectId = expected
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--digest {expected}: {e}"))?;
+    match cairn_store::measure_verity(image) {
+        Ok(Some(got)) if got == want => Ok(()),
+        Ok(Some(got)) => bail!(
+            "image {} has fs-verity digest {got}, not {want} (--digest): refusing to mount",
+            image.display()
+        ),
+        Ok(None) => bail!(
+            "image {} has no fs-verity, so its digest cannot be checked (--digest): \
+             refusing to mount",
+            image.display()
+        ),
+        Err(e) => bail!(
+            "measuring the fs-verity digest of image {} (--digest): {e}: refusing to mount",
+            image.display()
+        ),
+    }
 }
 
 #[derive(Serialize)]
@@ -437,17 +468,18 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
         }
     };
     let image = store.image_path(&digest);
+    if let Some(expected) = &args.digest {
+        check_image_digest(&image, expected)?;
+    }
+    let verity = store.decide_verity(&digest, args.verity, lazy.is_some())?;
+    tracing::debug!(%verity, "overlay fs-verity");
     let opts = cairn_mount::MountOptions {
         image: &image,
         objects: &objects,
         target: &args.mountpoint,
         upper: args.upper.clone(),
         idmap: args.idmap,
-        verity: if args.require_verity {
-            cairn_mount::VerityMode::Require
-        } else {
-            cairn_mount::VerityMode::Off
-        },
+        verity: verity.mode,
     };
     cairn_mount::mount_image(&opts).with_context(|| {
         format!(
@@ -456,6 +488,10 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
             args.mountpoint.display()
         )
     })?;
+    // Said once mounted, so that a refusal stays one line.
+    if args.verity == cairn_store::VerityChoice::Auto {
+        eprintln!("cairn: {verity}");
+    }
     let lazy_server = match lazy {
         Some((_, layer)) => {
             let pid = layer.pid();

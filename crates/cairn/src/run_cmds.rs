@@ -97,6 +97,9 @@ pub struct RunArgs {
     lazy_args: crate::lazy_mount::LazyArgs,
     #[command(flatten)]
     client: crate::remote_cmds::ClientArgs,
+    /// Kernel fs-verity checks of every object the container reads (overlayfs verity=require): require (refuse to start, naming the object, where one lacks fs-verity), auto (require where every object has it, else off; logged at debug) or off.
+    #[arg(long, default_value = "auto", value_name = "require|auto|off")]
+    verity: cairn_store::VerityChoice,
     /// A name for the container.
     #[arg(long)]
     name: Option<String>,
@@ -451,6 +454,7 @@ fn spec_of(args: &RunArgs) -> Result<RunSpec> {
         detach: args.detach,
         remove: args.rm,
         data_layer: None,
+        verity: args.verity,
     })
 }
 

@@ -14,6 +14,9 @@
 //! - [`mod@probe`]: what the running kernel can do, tried at run time and cached;
 //!   [`KernelFeatures::require`] names what is missing and what to do.
 //! - [`stack`]: [`mount_image`], [`prepare_image`] and their options.
+//! - `privns`: where overlayfs refuses detached layers (before Linux 6.15),
+//!   the layers are attached in a private mount namespace of one
+//!   short-lived thread while the overlay is made.
 //! - [`mountinfo`]: the mount table ([`find_mount`], [`is_mountpoint`];
 //!   cairn's one parser of `mountinfo`, which the store's gc and the cgroup
 //!   setup use too) and [`umount`]; [`mounted_image`] reads back which image
@@ -35,6 +38,7 @@ mod error;
 mod fscontext;
 pub mod loopdev;
 pub mod mountinfo;
+mod privns;
 pub mod probe;
 pub mod stack;
 mod sys;
@@ -47,9 +51,10 @@ pub use mountinfo::{
     find_mount, is_mountpoint, mount_table, mount_table_of, parse_mountinfo, umount, umount_with,
     MountEntry, UmountOptions,
 };
+pub use privns::{private_ns_forced, PRIVATE_NS_ENV};
 pub use probe::{
-    erofs_loop_forced, probe, ErofsPath, Feature, KernelFeatures, MissingFeature, Support,
-    EROFS_LOOP_ENV,
+    erofs_loop_forced, probe, ErofsPath, Feature, KernelFeatures, LayerPath, MissingFeature,
+    Support, EROFS_LOOP_ENV,
 };
 pub use stack::{
     mount_image, mounted_image, prepare_image, DetachedLayers, MountOptions, PreparedMount,

@@ -124,7 +124,10 @@ impl Feature {
             Feature::OverlayLayerAppend => {
                 "nothing needed: the older lowerdir=META::OBJECTS syntax is used instead"
             }
-            Feature::OverlayDetachedLayers => "use Linux 6.15 or later",
+            Feature::OverlayDetachedLayers => {
+                "nothing needed: cairn attaches the layers in a private mount namespace \
+                 of its own while it creates the overlay"
+            }
             Feature::IdmappedMounts => "use a newer kernel, or run the container without an id map",
             Feature::UserNamespaces => {
                 "use a kernel with CONFIG_USER_NS and a non-zero sysctl user.max_user_namespaces"
@@ -177,6 +180,29 @@ impl fmt::Display for ErofsPath {
     }
 }
 
+/// How overlayfs is handed its layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerPath {
+    /// As detached mounts (`/proc/self/fd/N` of `fsmount`/`open_tree`
+    /// fds), Linux ≥ 6.15.
+    Detached,
+    /// Attached for the moment of the overlay's creation in a private mount
+    /// namespace of one short-lived thread (see `privns`): older kernels.
+    PrivateNamespace,
+}
+
+impl fmt::Display for LayerPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LayerPath::Detached => "as detached mounts",
+            LayerPath::PrivateNamespace => {
+                "attached in a private mount namespace while the overlay is made \
+                 (no detached overlay layers before Linux 6.15)"
+            }
+        })
+    }
+}
+
 /// The environment variable that forces the loop device path where the
 /// kernel could read image files itself: `CAIRN_EROFS_LOOP=1`. For tests,
 /// and for kernels whose file-backed EROFS misbehaves.
@@ -196,10 +222,17 @@ pub struct KernelFeatures {
     support: Vec<Support>,
 }
 
+static CACHE: OnceLock<KernelFeatures> = OnceLock::new();
+
 /// The kernel's features, probed once per process and cached.
 pub fn probe() -> KernelFeatures {
-    static CACHE: OnceLock<KernelFeatures> = OnceLock::new();
     CACHE.get_or_init(KernelFeatures::detect).clone()
+}
+
+/// Whether [`probe`] has run in this process already (its answer is then
+/// free).
+pub(crate) fn probed() -> bool {
+    CACHE.get().is_some()
 }
 
 impl KernelFeatures {
@@ -271,6 +304,16 @@ impl KernelFeatures {
                 },
                 release: self.release.clone(),
             }),
+        }
+    }
+
+    /// How overlay layers are handed over on this kernel (unless
+    /// [`crate::PRIVATE_NS_ENV`] forces the private namespace).
+    pub fn layer_path(&self) -> LayerPath {
+        if self.has(Feature::OverlayDetachedLayers) && !crate::privns::private_ns_forced() {
+            LayerPath::Detached
+        } else {
+            LayerPath::PrivateNamespace
         }
     }
 
@@ -360,7 +403,11 @@ impl fmt::Display for KernelFeatures {
             .require(&crate::stack::STACK_FEATURES)
             .and_then(|()| self.erofs_path())
         {
-            Ok(_) => writeln!(f, "cairn mount and cairn run: supported"),
+            Ok(_) => writeln!(
+                f,
+                "cairn mount and cairn run: supported; overlay layers are handed over {}",
+                self.layer_path()
+            ),
             Err(e) => writeln!(f, "cairn mount and cairn run: not supported: {e}"),
         }
     }
@@ -504,45 +551,70 @@ fn probe_overlay_layers() -> LayerSupport {
         ctx.create()
     };
     let data_only_opts = [("redirect_dir", "on"), ("metacopy", "on")];
-
     let append = [("lowerdir+", lower.as_str()), ("datadir+", data.as_str())];
-    let append_err = match attempt(&[&append[..], &data_only_opts[..]].concat()) {
-        Ok(()) => return LayerSupport::all(Support::Present),
-        Err(f) => classify(&f),
-    };
     let legacy = format!("{lower}::{data}");
-    let legacy_err =
-        match attempt(&[&[("lowerdir", legacy.as_str())][..], &data_only_opts[..]].concat()) {
-            Ok(()) => {
-                return LayerSupport {
-                    data_only: Support::Present,
-                    append: append_err,
-                    detached: Support::Present,
-                }
-            }
-            Err(f) => classify(&f),
-        };
     let plain = format!("{lower}:{data}");
-    match attempt(&[("lowerdir", plain.as_str())]) {
-        Ok(()) => LayerSupport {
-            data_only: legacy_err,
-            append: append_err,
-            detached: Support::Present,
-        },
-        Err(f) => {
-            let detached = classify(&f);
-            let unknown = |s: Support| match s {
-                Support::Absent(t) => {
-                    Support::Absent(format!("could not tell without detached layers: {t}"))
-                }
-                other => other,
-            };
-            LayerSupport {
-                data_only: unknown(legacy_err),
-                append: unknown(append_err),
-                detached,
+    // The three attempts, in order: lowerdir+/datadir+, lowerdir=A::B,
+    // lowerdir=A:B.
+    let attempts = || -> [Result<(), StepFailure>; 3] {
+        [
+            attempt(&[&append[..], &data_only_opts[..]].concat()),
+            attempt(&[&[("lowerdir", legacy.as_str())][..], &data_only_opts[..]].concat()),
+            attempt(&[("lowerdir", plain.as_str())]),
+        ]
+    };
+    let [append_r, legacy_r, plain_r] = attempts();
+    let detached = match &plain_r {
+        Ok(()) => Support::Present,
+        Err(f) => classify(f),
+    };
+    let (append_r, legacy_r, plain_r) = if plain_r.is_ok() {
+        (append_r, legacy_r, plain_r)
+    } else {
+        // No detached layers: try again with the scratch tmpfs attached in
+        // a private namespace, as the stack would be built here.
+        let private = crate::privns::in_private_namespace(|ns| {
+            ns.attach(&scratch)?;
+            Ok(attempts())
+        });
+        match private {
+            Ok([a, l, p]) => (a, l, p),
+            Err(f) => {
+                let why = |s: Support| match s {
+                    Support::Absent(t) => Support::Absent(format!(
+                        "could not tell without detached layers or a private namespace: {t}"
+                    )),
+                    other => other,
+                };
+                return LayerSupport {
+                    data_only: why(classify(&f)),
+                    append: why(classify(&f)),
+                    detached,
+                };
             }
         }
+    };
+    let support = |r: &Result<(), StepFailure>| match r {
+        Ok(()) => Support::Present,
+        Err(f) => classify(f),
+    };
+    let data_only = match (&append_r, &legacy_r, &plain_r) {
+        (Ok(()), _, _) | (_, Ok(()), _) => Support::Present,
+        (_, Err(f), Ok(())) => classify(f),
+        (_, _, Err(f)) => {
+            let t = classify(f);
+            match t {
+                Support::Absent(t) => {
+                    Support::Absent(format!("could not tell: even lowerdir=A:B failed: {t}"))
+                }
+                other => other,
+            }
+        }
+    };
+    LayerSupport {
+        data_only,
+        append: support(&append_r),
+        detached,
     }
 }
 
@@ -576,6 +648,15 @@ fn probe_fs_verity() -> Support {
         Err(e) => return Support::Absent(format!("could not tell: opening /proc/self/exe: {e}")),
     };
     verity_support_of(exe.as_fd(), "/proc/self/exe")
+}
+
+/// fs-verity support as seen through the filesystem of the directory or
+/// file at `path` (for "does the store's filesystem have it").
+pub fn verity_support_at(path: &std::path::Path) -> Support {
+    match std::fs::File::open(path) {
+        Ok(f) => verity_support_of(f.as_fd(), &path.display().to_string()),
+        Err(e) => Support::Absent(format!("could not tell: opening {}: {e}", path.display())),
+    }
 }
 
 /// fs-verity support as seen through the filesystem of `fd`.
@@ -650,8 +731,8 @@ mod tests {
     }
 
     /// What Debian bookworm's 6.1 kernel shows (EROFS and loop devices, no
-    /// file-backed EROFS, no detached layers, so data-only layers and
-    /// lowerdir+ cannot be told).
+    /// file-backed EROFS, no detached layers; in the private namespace plain
+    /// lowerdir works but data-only layers and lowerdir+ do not).
     fn linux_6_1() -> KernelFeatures {
         let mut k = all_present();
         k.release = "6.1.0-56-cloud-amd64".into();
@@ -670,16 +751,28 @@ mod tests {
     }
 
     /// 6.12 has file-backed EROFS and data-only layers but not detached
-    /// layers, which is what a refusal must name (not data-only layers).
+    /// layers: it mounts, with the layers in a private namespace.
     #[test]
-    fn linux_6_12_is_refused_naming_detached_layers() {
+    fn linux_6_12_mounts_through_a_private_namespace() {
         let mut k = linux_6_1();
         k.release = "6.12.117+deb12-cloud-amd64".into();
         k.set(Feature::ErofsFileBacked, Support::Present);
+        k.set(Feature::OverlayDataOnlyLayers, Support::Present);
+        k.set(Feature::OverlayLayerAppend, Support::Present);
         assert_eq!(k.erofs_path().unwrap(), ErofsPath::File);
-        let err = k.require(&crate::stack::STACK_FEATURES).unwrap_err();
-        assert_eq!(err.feature, Feature::OverlayDetachedLayers);
-        assert!(err.to_string().contains("use Linux 6.15 or later"), "{err}");
+        k.require(&crate::stack::STACK_FEATURES).unwrap();
+        assert_eq!(k.layer_path(), LayerPath::PrivateNamespace);
+        let shown = k.to_string();
+        assert!(
+            shown.contains(
+                "cairn mount and cairn run: supported; overlay layers are handed over \
+                 attached in a private mount namespace"
+            ),
+            "{shown}"
+        );
+        if !crate::privns::private_ns_forced() {
+            assert_eq!(all_present().layer_path(), LayerPath::Detached);
+        }
     }
 
     #[test]
@@ -687,16 +780,14 @@ mod tests {
         let k = linux_6_1();
         assert_eq!(k.erofs_path().unwrap(), ErofsPath::Loop);
         let err = k.require(&crate::stack::STACK_FEATURES).unwrap_err();
-        assert_eq!(err.feature, Feature::OverlayDetachedLayers);
+        assert_eq!(err.feature, Feature::OverlayDataOnlyLayers);
         let text = err.to_string();
         assert!(!text.contains('\n'), "{text}");
         assert!(
-            text.starts_with(
-                "kernel 6.1.0-56-cloud-amd64 lacks overlayfs layers on detached mounts"
-            ),
+            text.starts_with("kernel 6.1.0-56-cloud-amd64 lacks overlayfs data-only lower layers"),
             "{text}"
         );
-        assert!(text.contains("Linux ≥ 6.15"), "{text}");
+        assert!(text.contains("Linux ≥ 6.5"), "{text}");
         let shown = k.to_string();
         assert!(
             shown.contains("EROFS images are read through a read-only loop device"),
@@ -705,7 +796,7 @@ mod tests {
         assert!(
             shown.contains(
                 "cairn mount and cairn run: not supported: \
-                 kernel 6.1.0-56-cloud-amd64 lacks overlayfs layers on detached mounts"
+                 kernel 6.1.0-56-cloud-amd64 lacks overlayfs data-only lower layers"
             ),
             "{shown}"
         );

@@ -15,7 +15,10 @@
 //! ```
 //!
 //! Every layer is a *detached* mount: it exists only as a file descriptor of
-//! this process until overlayfs takes its own private clone. Once the overlay
+//! this process until overlayfs takes its own private clone. (Kernels before
+//! 6.15 refuse detached layers; there the layers are attached, for the
+//! moment of the overlay's creation, in a private mount namespace that one
+//! short-lived thread holds: see `privns`. The rest is the same.) Once the overlay
 //! is attached the descriptors are closed, so the overlay is the only thing
 //! holding the layers and `umount(target)` frees them all. For the same
 //! reason a failure (or a `kill -9`) at any step leaves nothing behind: no
@@ -77,8 +80,10 @@ use crate::error::{Action, MountError, StepFailure};
 use crate::fscontext::{fd_path, fd_subpath, FsContext};
 use crate::loopdev::{LoopDevice, LoopFlags};
 use crate::mountinfo::MountEntry;
+use crate::privns::{in_private_namespace, private_ns_forced};
 use crate::probe::{
-    erofs_loop_forced, probe, verity_support_of, ErofsPath, Feature, MissingFeature, Support,
+    erofs_loop_forced, probe, verity_support_of, ErofsPath, Feature, LayerPath, MissingFeature,
+    Support,
 };
 use crate::sys;
 use crate::userns::{IdMap, UserNamespace};
@@ -109,14 +114,13 @@ pub enum VerityMode {
 
 /// What every image stack needs of the kernel (besides a way for EROFS
 /// to read the image, [`crate::KernelFeatures::erofs_path`]), in the order
-/// a refusal names them. Detached layers (Linux 6.15) come before data-only
-/// layers (6.5): without them the probe cannot tell whether data-only
-/// layers work (6.12 has them, 6.1 does not), and they are what both lack.
-pub const STACK_FEATURES: [Feature; 5] = [
+/// a refusal names them. Detached layers (Linux 6.15) are not among them:
+/// without them the layers are attached in a private namespace for the
+/// moment of the overlay's creation (`privns`, [`crate::LayerPath`]).
+pub const STACK_FEATURES: [Feature; 4] = [
     Feature::NewMountApi,
     Feature::Erofs,
     Feature::Overlay,
-    Feature::OverlayDetachedLayers,
     Feature::OverlayDataOnlyLayers,
 ];
 
@@ -144,9 +148,9 @@ impl MountOptions<'_> {
         if self.idmap.is_some() {
             needed.extend([Feature::UserNamespaces, Feature::IdmappedMounts]);
         }
-        if self.verity == VerityMode::Require {
-            needed.push(Feature::FsVerity);
-        }
+        // fs-verity for verity=require is checked where it matters, on the
+        // objects' filesystem (the probe's answer is about the filesystem of
+        // cairn's own binary, which may differ).
         needed
     }
 }
@@ -223,7 +227,7 @@ pub fn mount_image(opts: &MountOptions<'_>) -> Result<(), MountError> {
 /// Builds the whole stack as a detached overlay, without attaching it.
 /// `opts.target` is used only to name the mount in errors.
 pub fn prepare_image(opts: &MountOptions<'_>) -> Result<PreparedMount, MountError> {
-    prepare(opts, false, erofs_loop_forced())
+    prepare(opts, false, erofs_loop_forced(), private_ns_forced())
 }
 
 /// Test hook, not part of the API: [`prepare_image`] with the older
@@ -233,7 +237,7 @@ pub fn prepare_image(opts: &MountOptions<'_>) -> Result<PreparedMount, MountErro
 pub fn prepare_image_with_legacy_lowerdir(
     opts: &MountOptions<'_>,
 ) -> Result<PreparedMount, MountError> {
-    prepare(opts, true, erofs_loop_forced())
+    prepare(opts, true, erofs_loop_forced(), private_ns_forced())
 }
 
 /// Test hook, not part of the API: [`prepare_image`] with the image on a
@@ -241,29 +245,49 @@ pub fn prepare_image_with_legacy_lowerdir(
 /// threads of one process cannot set for one test alone).
 #[doc(hidden)]
 pub fn prepare_image_on_loop_device(opts: &MountOptions<'_>) -> Result<PreparedMount, MountError> {
-    prepare(opts, false, true)
+    prepare(opts, false, true, private_ns_forced())
+}
+
+/// Test hook, not part of the API: [`prepare_image`] with the layers
+/// attached in a private namespace (`privns`), as on kernels before 6.15,
+/// as if `CAIRN_OVERLAY_PRIVATE_NS=1` were set.
+#[doc(hidden)]
+pub fn prepare_image_in_private_namespace(
+    opts: &MountOptions<'_>,
+) -> Result<PreparedMount, MountError> {
+    prepare(opts, false, erofs_loop_forced(), true)
 }
 
 fn prepare(
     opts: &MountOptions<'_>,
     force_legacy: bool,
     force_loop: bool,
+    force_private: bool,
 ) -> Result<PreparedMount, MountError> {
-    if !force_legacy && opts.verity == VerityMode::Off && !force_loop {
+    if !force_legacy
+        && opts.verity == VerityMode::Off
+        && !force_loop
+        && !force_private
+        && !crate::probe::probed()
+    {
         // Fast path: assume the kernel has everything (probing costs more
         // than the mount itself); probe only to explain a failure, to
-        // choose the older overlay syntax or a loop device for the image.
-        match prepare_with(opts, true, ErofsPath::File) {
+        // choose the older overlay syntax, a loop device for the image or
+        // the private namespace for the layers. Once this process has
+        // probed, its answer is free and a doomed first attempt is not.
+        match prepare_with(opts, true, ErofsPath::File, LayerPath::Detached) {
             Ok(m) => return Ok(m),
             Err(first) => {
                 let features = probe();
                 features.require(&opts.required_features())?;
                 let path = features.erofs_path()?;
                 let append = features.has(Feature::OverlayLayerAppend);
-                if append && path == ErofsPath::File {
+                let layers = features.layer_path();
+                if append && path == ErofsPath::File && layers == LayerPath::Detached {
                     return Err(first);
                 }
-                return prepare_with(opts, append, path);
+                tracing::debug!(%path, %layers, "retrying the stack as the probe says");
+                return prepare_with(opts, append, path, layers);
             }
         }
     }
@@ -275,19 +299,27 @@ fn prepare(
     } else {
         features.erofs_path()?
     };
+    let layers = if force_private {
+        LayerPath::PrivateNamespace
+    } else {
+        features.layer_path()
+    };
     prepare_with(
         opts,
         features.has(Feature::OverlayLayerAppend) && !force_legacy,
         path,
+        layers,
     )
 }
 
 /// Builds the stack; `append` chooses `lowerdir+`/`datadir+` over the older
-/// `lowerdir=META::OBJECTS` syntax, `erofs_path` how EROFS reads the image.
+/// `lowerdir=META::OBJECTS` syntax, `erofs_path` how EROFS reads the image,
+/// `layers` how overlayfs is handed its layers.
 fn prepare_with(
     opts: &MountOptions<'_>,
     append: bool,
     erofs_path: ErofsPath,
+    layers: LayerPath,
 ) -> Result<PreparedMount, MountError> {
     let invalid = |action, path: &Path, reason: String| MountError::Invalid {
         action,
@@ -340,8 +372,45 @@ fn prepare_with(
         }
     }
     let upper = prepare_upper(opts, &erofs)?;
-    let overlay = mount_overlay(opts, &image, &erofs, &objects, &upper, append)?;
-    tracing::debug!(image = %image.display(), "prepared overlay stack");
+    let overlay = match layers {
+        LayerPath::Detached => {
+            mount_overlay(opts, &image, erofs.as_fd(), objects.as_fd(), &upper, append)?
+        }
+        LayerPath::PrivateNamespace => {
+            // The overlay's errors are already MountErrors; setup failures
+            // (unshare, move_mount) are StepFailures named after the overlay.
+            let result = in_private_namespace(|ns| {
+                ns.attach(&erofs)?;
+                let reopened;
+                let objects_fd = match &objects {
+                    Objects::Clone(fd) => {
+                        ns.attach(fd)?;
+                        fd.as_fd()
+                    }
+                    Objects::Dir(_) => {
+                        reopened = ns.open_dir(opts.objects)?;
+                        reopened.as_fd()
+                    }
+                };
+                if let Upper::Tmpfs(fd) = &upper {
+                    ns.attach(fd)?;
+                }
+                Ok(mount_overlay(
+                    opts,
+                    &image,
+                    erofs.as_fd(),
+                    objects_fd,
+                    &upper,
+                    append,
+                ))
+            });
+            match result {
+                Ok(overlay) => overlay?,
+                Err(f) => return Err(MountError::step(Action::MountOverlay, opts.target, f)),
+            }
+        }
+    };
+    tracing::debug!(image = %image.display(), %layers, "prepared overlay stack");
     let mut layers = vec![erofs];
     if let Objects::Clone(fd) = objects {
         layers.push(fd);
@@ -593,8 +662,8 @@ fn prepare_upper(opts: &MountOptions<'_>, erofs: &OwnedFd) -> Result<Upper, Moun
 fn mount_overlay(
     opts: &MountOptions<'_>,
     image: &Path,
-    erofs: &OwnedFd,
-    objects: &Objects,
+    erofs: BorrowedFd<'_>,
+    objects: BorrowedFd<'_>,
     upper: &Upper,
     append: bool,
 ) -> Result<OwnedFd, MountError> {
@@ -603,8 +672,8 @@ fn mount_overlay(
         let ctx = FsContext::open("overlay")?;
         // As for the EROFS layer: gc finds the image in use by this source.
         ctx.set_string("source", image)?;
-        let meta = fd_path(erofs.as_fd());
-        let data = fd_path(objects.as_fd());
+        let meta = fd_path(erofs);
+        let data = fd_path(objects);
         if append {
             ctx.set_string("lowerdir+", &meta)?;
             ctx.set_string("datadir+", &data)?;

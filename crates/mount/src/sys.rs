@@ -2,6 +2,9 @@
 //!
 //! - `mount_setattr(2)` with `MOUNT_ATTR_IDMAP` or `MOUNT_ATTR_RDONLY`
 //!   (rustix 1.x lists it as not implemented);
+//! - `mount_setattr(2)` with `AT_RECURSIVE` and `MS_PRIVATE` propagation,
+//!   and `unshare(CLONE_NEWNS)` on one thread, for the private mount
+//!   namespace of kernels without detached overlay layers (see `privns`);
 //! - `fork(2)` for the user-namespace holder process (see [`UserNsHolder`]);
 //! - the `FS_IOC_MEASURE_VERITY` ioctl, used only to ask whether the kernel
 //!   has fs-verity at all;
@@ -59,6 +62,56 @@ pub(crate) fn mount_setattr_idmap(
 /// `mount_setattr(mount, "", AT_EMPTY_PATH, {attr_set: MOUNT_ATTR_RDONLY})`.
 pub(crate) fn mount_setattr_readonly(mount: BorrowedFd<'_>) -> Result<(), Errno> {
     mount_setattr(mount, MOUNT_ATTR_RDONLY, 0)
+}
+
+/// `MS_PRIVATE` (as `struct mount_attr.propagation`) and `AT_RECURSIVE`.
+const MS_PRIVATE: u64 = 1 << 18;
+const AT_RECURSIVE: libc::c_int = 0x8000;
+
+/// `mount_setattr(AT_FDCWD, "/", AT_RECURSIVE, {propagation: MS_PRIVATE})`:
+/// no mount of the calling thread's mount namespace propagates to or from
+/// any other namespace any more.
+pub(crate) fn make_mount_tree_private() -> Result<(), Errno> {
+    let attr = MountAttr {
+        attr_set: 0,
+        attr_clr: 0,
+        propagation: MS_PRIVATE,
+        userns_fd: 0,
+    };
+    // SAFETY: the path is a NUL-terminated static string; `attr` is a live,
+    // properly laid out `struct mount_attr` and we pass its exact size; the
+    // kernel only reads from both pointers.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c"/".as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
+/// `unshare(CLONE_NEWNS)`: the calling *thread* gets a copy of the mount
+/// namespace (and, implied by it, its own root and working directory). The
+/// file descriptor table stays shared with the other threads, which is what
+/// `privns` relies on.
+pub(crate) fn unshare_mount_namespace() -> Result<(), Errno> {
+    // SAFETY: CLONE_NEWNS does not unshare the file descriptor table (the
+    // hazard that makes rustix's `unshare` unsafe); it changes only which
+    // mounts this thread's path lookups see.
+    let ret = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
 }
 
 fn mount_setattr(mount: BorrowedFd<'_>, attr_set: u64, userns_fd: u64) -> Result<(), Errno> {

@@ -823,7 +823,8 @@ fn privileged_verity_require_is_refused_without_kernel_fs_verity() {
         let before = mounts();
         let mut opts = fx.opts(UpperSpec::None);
         opts.verity = VerityMode::Require;
-        if probe().has(Feature::FsVerity) {
+        let support = cairn_mount::probe::verity_support_at(opts.objects);
+        if support == cairn_mount::Support::Present {
             // A kernel with fs-verity: the stack mounts (reads of objects
             // without verity would then fail, which is the point).
             mount_image(&opts).expect("verity=require mounts where the kernel has fs-verity");
@@ -895,6 +896,37 @@ fn privileged_legacy_lowerdir_syntax_builds_the_same_stack() {
         assert_eq!(fs::read(fx.at("hello.txt")).unwrap(), HELLO);
         fs::write(fx.at("new.txt"), b"w").unwrap();
         unmount_and_check_clean(&fx, &before, &watch);
+    });
+}
+
+/// The path of kernels before 6.15 (layers attached in a private namespace
+/// of one thread while the overlay is made), taken here on purpose: the
+/// same stack, idmapped or not, with nothing but the overlay in the mount
+/// table, and the overlay still serving once that namespace is gone.
+#[test]
+fn privileged_private_namespace_path_builds_the_same_stack() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        for idmap in [None, Some(IDMAP)] {
+            let before = mounts();
+            let watch = ImageWatch::new(&fx.image);
+            let mut opts = fx.opts(UpperSpec::Tmpfs { size: None });
+            opts.idmap = idmap;
+            cairn_mount::stack::prepare_image_in_private_namespace(&opts)
+                .expect("prepare with the layers in a private namespace")
+                .attach(&fx.target)
+                .expect("attach");
+            watch.reset();
+            assert_only_the_overlay(&fx, &before);
+            assert_eq!(fs::read(fx.at("hello.txt")).unwrap(), HELLO);
+            assert_eq!(fs::read(fx.at("home/user/notes")).unwrap(), NOTES);
+            if idmap.is_some() {
+                let m = fs::metadata(fx.at("home/user/notes")).unwrap();
+                assert_eq!((m.uid(), m.gid()), (101_000, 101_000), "idmapped");
+            }
+            fs::write(fx.at("new.txt"), b"w").unwrap();
+            unmount_and_check_clean(&fx, &before, &watch);
+        }
     });
 }
 
@@ -986,6 +1018,10 @@ fn kill_helper_prepares_a_stack_and_waits() {
         idmap: Some(IDMAP),
         verity: VerityMode::Off,
     };
+    // Probed first, so that a kernel without detached layers (< 6.15) does
+    // not make (and close) a first EROFS mount before the stack the parent
+    // watches.
+    let _ = cairn_mount::probe();
     let prepared = prepare_image(&opts).expect("helper: prepare stack");
     println!("{HELPER_READY}");
     std::io::stdout().flush().unwrap();

@@ -129,6 +129,8 @@ pub enum RunError {
     Store(#[from] cairn_store::StoreError),
     #[error(transparent)]
     Mount(#[from] cairn_mount::MountError),
+    #[error(transparent)]
+    Verity(#[from] cairn_store::VerityRefusal),
     #[error("{0}")]
     Crun(String),
 }

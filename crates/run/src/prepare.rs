@@ -11,7 +11,7 @@ use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use cairn_mount::{IdMap, MountOptions, PreparedMount, UpperSpec, VerityMode};
+use cairn_mount::{IdMap, MountOptions, PreparedMount, UpperSpec};
 use cairn_store::{Store, StoreLock};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use serde::{Deserialize, Serialize};
@@ -90,6 +90,9 @@ pub struct RunSpec {
     /// incomplete image's FUSE layer (`cairn run --lazy`), served by a
     /// process the caller started.
     pub data_layer: Option<PathBuf>,
+    /// `--verity`: overlayfs `verity=require` always, where every object
+    /// has fs-verity (the default), or never.
+    pub verity: cairn_store::VerityChoice,
 }
 
 /// A container ready for crun: what the monitor needs.
@@ -228,8 +231,15 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
     c.data_and_name(spec).map_err(|e| c.fail(e))?;
     let idmap = c.userns(spec).map_err(|e| c.fail(e))?;
     let upper = c.upper(spec).map_err(|e| c.fail(e))?;
-    let (bundle, mount) = mount_rootfs(paths, &image, upper, idmap, spec.data_layer.as_deref())
-        .map_err(|e| c.fail(e))?;
+    let (bundle, mount) = mount_rootfs(
+        paths,
+        &image,
+        upper,
+        idmap,
+        spec.data_layer.as_deref(),
+        spec.verity,
+    )
+    .map_err(|e| c.fail(e))?;
     let process =
         resolve_process(spec, &image.config, mount.as_fd(), &c.st.id).map_err(|e| c.fail(e))?;
     let etc = etc_files(&bundle, spec.network, &process.hostname).map_err(|e| c.fail(e))?;
@@ -521,7 +531,12 @@ fn mount_rootfs(
     upper: UpperSpec,
     idmap: Option<IdMap>,
     data_layer: Option<&Path>,
+    verity: cairn_store::VerityChoice,
 ) -> Result<(Bundle, PreparedMount), RunError> {
+    let verity = image
+        .store
+        .decide_verity(&image.digest, verity, data_layer.is_some())?;
+    tracing::debug!(%verity, "rootfs fs-verity");
     let bundle = Bundle::new(paths)?;
     let rootfs = bundle.path().join("rootfs");
     let image_path = image.store.image_path(&image.digest);
@@ -532,7 +547,7 @@ fn mount_rootfs(
         target: &rootfs,
         upper,
         idmap,
-        verity: VerityMode::Off,
+        verity: verity.mode,
     })?;
     Ok((bundle, mount))
 }

@@ -54,6 +54,7 @@ impl Store {
             tmp,
             images_dir: self.images_dir(),
             root: self.root.clone(),
+            verity: self.verity_supported(),
         })
     }
 
@@ -130,6 +131,10 @@ pub struct ImageWriter {
     tmp: TmpFile,
     images_dir: PathBuf,
     root: PathBuf,
+    /// Seal the image with fs-verity before publishing it (where the
+    /// store's filesystem can): its fs-verity digest is what `cairn mount
+    /// --digest` checks, as composefs's image digest.
+    verity: bool,
 }
 
 impl ImageWriter {
@@ -155,6 +160,18 @@ impl ImageWriter {
         file.set_permissions(fs::Permissions::from_mode(crate::PRIVATE_FILE_MODE))
             .map_err(|e| self.tmp.err("setting mode of image", e))?;
         self.tmp.close();
+        if self.verity {
+            crate::kernel::enable_on_path(self.tmp.path()).map_err(|error| StoreError::Verity {
+                path: self
+                    .tmp
+                    .path()
+                    .strip_prefix(&self.root)
+                    .unwrap_or(self.tmp.path())
+                    .into(),
+                root: self.root.clone(),
+                error,
+            })?;
+        }
         let dest = self.images_dir.join(&digest);
         let persisted = self.tmp.persist(&dest, false)?;
         if persisted == crate::tmp::Persisted::Created {

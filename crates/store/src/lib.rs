@@ -102,7 +102,10 @@ pub use fsck::{FsckOptions, FsckReport, Problem, Repair};
 pub use gc::{GcOptions, GcReport, Removed};
 pub use graph::{BadPayload, ImageContents, ObjectUse};
 pub use image::{is_image_digest, ImageWriter, Images};
-pub use kernel::VeritySupport;
+pub use kernel::{
+    has_verity, measure_verity, seal_with_verity, VerityChoice, VerityDecision, VerityRefusal,
+    VeritySupport,
+};
 pub use lock::{flock_waiters, LockKind, StoreLock};
 pub use mounts::LiveMount;
 pub use object::{ObjectBatch, ObjectLookup, Objects};

@@ -62,6 +62,47 @@ pub(crate) fn enable_verity(fd: BorrowedFd<'_>) -> io::Result<()> {
     .map_err(io::Error::from)
 }
 
+/// `struct fsverity_digest` with room for a SHA-256 digest.
+#[repr(C)]
+#[derive(Debug)]
+struct FsverityDigest {
+    digest_algorithm: u16,
+    digest_size: u16,
+    digest: [u8; 32],
+}
+
+/// `FS_IOC_MEASURE_VERITY = _IOWR('f', 134, struct fsverity_digest)`; the
+/// struct in the opcode is the 4-byte header, as in the kernel's header.
+const FS_IOC_MEASURE_VERITY: Opcode = opcode::read_write::<[u16; 2]>(b'f', 134);
+
+/// The fs-verity digest of the file behind `fd` as the kernel measures it:
+/// `Ok(None)` when the file has no fs-verity (`ENODATA`); an error where
+/// the filesystem or kernel has none (`EOPNOTSUPP`, `ENOTTY`), or for a
+/// digest that is not SHA-256 (`EOVERFLOW`, or another algorithm).
+pub(crate) fn measure_verity(fd: BorrowedFd<'_>) -> io::Result<Option<[u8; 32]>> {
+    let mut arg = FsverityDigest {
+        digest_algorithm: 0,
+        digest_size: 32,
+        digest: [0; 32],
+    };
+    // SAFETY: FS_IOC_MEASURE_VERITY reads the 4-byte header (digest_size is
+    // the room that follows it) and writes back the header and at most
+    // digest_size bytes of digest, all within `arg`, which outlives the call.
+    let r = unsafe {
+        let ctl = rustix::ioctl::Updater::<FS_IOC_MEASURE_VERITY, FsverityDigest>::new(&mut arg);
+        ioctl(fd, ctl)
+    };
+    match r {
+        Ok(()) if arg.digest_algorithm == FS_VERITY_HASH_ALG_SHA256 as u16 => Ok(Some(arg.digest)),
+        Ok(()) => Err(io::Error::other(format!(
+            "fs-verity digest algorithm {} is not SHA-256",
+            arg.digest_algorithm
+        ))),
+        Err(rustix::io::Errno::NODATA) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +111,6 @@ mod tests {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn opcode_matches_the_kernel_header() {
         assert_eq!(FS_IOC_ENABLE_VERITY as u64, 0x4080_6685);
+        assert_eq!(FS_IOC_MEASURE_VERITY as u64, 0xC004_6686);
     }
 }
