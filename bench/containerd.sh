@@ -198,7 +198,7 @@ done
 [ -f "$blobs/python.done" ] || die "no python layer in $blobs"
 
 # The files every container reads: python3 and numpy's modules.
-read_cmd='find /usr/lib/python3 /usr/lib/python3.11 -type f -name "*.py" -o -type f -name "*.so" | xargs cat >/dev/null; sleep 600'
+read_cmd='find /usr/lib/python3 /usr/lib/python3.11 -type f -name "*.py" -o -type f -name "*.so" | xargs cat >/dev/null; touch /read-done; sleep 600'
 for mode in overlayfs normal remote; do
   n=$((n + 1))
   d=$run_dir/$n-share-$mode
@@ -218,17 +218,17 @@ for mode in overlayfs normal remote; do
     ref=${share_refs[$(((i - 1) % 3))]}
     ctr run -d --snapshotter "$sn" "$ref" "s$n-$i" sh -c "$read_cmd" >/dev/null 2>&1 || die "run -d ($mode)"
   done
-  # Until every container has read its files: left with sh and sleep, or
-  # sleep alone (dash execs the last command), not find, xargs and cat.
-  sleep 5
-  for _ in $(seq 300); do
+  # Until every container has read its files (each leaves /read-done in
+  # its root filesystem, which containerd mounts under its state).
+  for _ in $(seq 600); do
     busy=0
     for i in $(seq 1 10); do
-      [ "$(ctr task ps "s$n-$i" 2>/dev/null | awk 'NR > 1' | wc -l)" -le 2 ] || busy=1
+      [ -e "$d/state/io.containerd.runtime.v2.task/bench/s$n-$i/rootfs/read-done" ] || busy=1
     done
     [ "$busy" -eq 0 ] && break
-    sleep 1
+    sleep 0.5
   done
+  [ "$busy" -eq 0 ] || die "share ($mode): the containers did not finish reading in 5 minutes"
   case $mode in
     overlayfs) files_root=$d/root/io.containerd.snapshotter.v1.overlayfs ;;
     *) files_root=$d/store ;;
