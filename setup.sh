@@ -54,6 +54,9 @@ for arg in "$@"; do
   esac
 done
 
+# shellcheck source=bench/lib/containerd2.sh
+. bench/lib/containerd2.sh
+
 step() { printf '\n==> %s\n' "$*"; }
 die() {
   printf 'setup.sh: error: %s\n' "$*" >&2
@@ -127,6 +130,13 @@ else
   # From / so that this project's build target (.cargo/config.toml) does not apply.
   (cd / && cargo install --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION")
 fi
+
+step "containerd $CONTAINERD2_VERSION (snapshotter tests; go install into $CONTAINERD2_BIN)"
+install_containerd2 || die "could not build containerd $CONTAINERD2_VERSION with Go"
+"$CONTAINERD2_BIN/containerd" --version
+# The Go modules of the containerd 2.4 suite and client (tests/containerd2).
+(cd tests/containerd2 && GOFLAGS=-mod=readonly "$(containerd2_go)" mod download) ||
+  die "could not download the Go modules of tests/containerd2"
 
 step "Build (cargo build --release)"
 cargo build --release

@@ -39,7 +39,6 @@ repo=$(dirname "$here")
 all_args=("$@")
 prefix=/usr/local/lib/cairn-bench
 bin=$prefix/bin
-containerd_version=2.4.2
 erofs_version=1.8.6
 runs=5 only=linux,debian,python compression=both settle=60 keep=0 stop_after=""
 cairn=$repo/target/x86_64-unknown-linux-musl/release/cairn
@@ -105,22 +104,9 @@ install_debian_tools() {
   }
 }
 
-install_containerd() {
-  local b go
-  for b in containerd ctr containerd-shim-runc-v2; do
-    if [ ! -x "$bin/$b" ] || ! "$bin/$b" --version 2>/dev/null | grep -qF "$containerd_version"; then
-      go=$(command -v go || echo /usr/local/go/bin/go)
-      [ -x "$go" ] || die "no Go toolchain (go in PATH or /usr/local/go/bin/go)"
-      say "go install containerd $containerd_version into $bin"
-      mkdir -p "$bin"
-      GOBIN=$bin GOFLAGS=-buildvcs=false "$go" install \
-        "github.com/containerd/containerd/v2/cmd/containerd@v$containerd_version" \
-        "github.com/containerd/containerd/v2/cmd/ctr@v$containerd_version" \
-        "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@v$containerd_version"
-      return
-    fi
-  done
-}
+# shellcheck source-path=SCRIPTDIR source=lib/containerd2.sh
+. "$here/lib/containerd2.sh"
+install_containerd() { install_containerd2 || die "installing containerd $CONTAINERD2_VERSION failed"; }
 
 # The Debian mirror apt uses (the first URI of a /debian suite).
 debian_mirror() {
