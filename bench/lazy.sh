@@ -5,7 +5,7 @@
 # RTT) and unshaped. Four ways, each cold (page cache dropped, fresh store
 # or directory), interleaved, medians of --runs:
 #
-#   classic        skopeo copy + umoci unpack + crun run
+#   classic        skopeo copy + umoci unpack + runc run (crun 1.8 refuses this host's hybrid cgroup layout)
 #   cairn          cairn pull + cairn run
 #   lazy           cairn pull --lazy + cairn run --lazy --lazy-fetch on-demand
 #                  (an artifact pushed without a prefetch list)
@@ -34,7 +34,7 @@
 # All gzip layers. The registry (Debian's docker-registry) runs inside the
 # namespace; clients reach it at 127.0.0.1:PORT through socat, which
 # forwards to the namespace's end of the veth (cairn takes loopback
-# registries as plain HTTP). Needs root, socat, skopeo, umoci, crun, tc.
+# registries as plain HTTP). Needs root, socat, skopeo, umoci, runc, tc.
 set -euo pipefail
 
 here=$(dirname "$(readlink -f "$0")")
@@ -76,8 +76,8 @@ for i in "${imgs[@]}"; do case "$i" in python | linux | model) ;; *) die "--only
 for l in "${link_list[@]}"; do case "$l" in shaped | unshaped) ;; *) die "--links: shaped, unshaped" ;; esac; done
 [ "$runs" -ge 1 ] || die "--runs must be at least 1"
 [ "$(id -u)" -eq 0 ] || die "run as root (netns, mounts, drop_caches)"
-for t in socat skopeo umoci crun tc ip docker-registry gzip openssl jq /usr/bin/time; do
-  command -v "$t" >/dev/null || die "$t not found (apt-get install socat skopeo umoci crun iproute2 docker-registry jq time)"
+for t in socat skopeo umoci runc tc ip docker-registry gzip openssl jq /usr/bin/time; do
+  command -v "$t" >/dev/null || die "$t not found (apt-get install socat skopeo umoci runc iproute2 docker-registry jq time)"
 done
 py=/usr/bin/python3
 blobs=$images/blobs
@@ -187,17 +187,42 @@ net_up() {
   ip -n "$ns" link set lo up
 }
 
+# shape LINK: rate on both ends of the veth with tbf (100 Mbit/s each way)
+# and the forwarder on the host: socat unshaped, bench/lib/delay_proxy.py
+# (10 ms each way, 20 ms RTT) shaped. With a netem qdisc (not in every
+# kernel: this VM's has none) the delay would be netem's; the bench says
+# which it used.
+fwd_port="" delay_by=""
 shape() {
   local l=$1
   if [ "$l" = shaped ]; then
-    # 10 ms each way (20 ms RTT), 100 Mbit/s each way; a queue long
-    # enough for a full window at that rate.
-    tc qdisc replace dev "$vh" root netem delay 10ms rate 100mbit limit 10000
-    ip netns exec "$ns" tc qdisc replace dev "$vn" root netem delay 10ms rate 100mbit limit 10000
+    tc qdisc replace dev "$vh" root tbf rate 100mbit burst 64kb latency 200ms
+    ip netns exec "$ns" tc qdisc replace dev "$vn" root tbf rate 100mbit burst 64kb latency 200ms
   else
     tc qdisc del dev "$vh" root 2>/dev/null || true
     ip netns exec "$ns" tc qdisc del dev "$vn" root 2>/dev/null || true
   fi
+  forwarder "$l"
+}
+
+forwarder() {
+  [ -z "$fwd_pid" ] || {
+    kill "$fwd_pid" 2>/dev/null || true
+    wait "$fwd_pid" 2>/dev/null || true
+  }
+  if [ "$1" = shaped ]; then
+    "$py" "$here/lib/delay_proxy.py" "$fwd_port" "$ns_ip" 5000 10 >"$run_dir/forwarder.log" 2>&1 &
+    delay_by="bench/lib/delay_proxy.py, 10 ms each way"
+  else
+    delay_by=""
+    socat "TCP-LISTEN:$fwd_port,bind=127.0.0.1,reuseaddr,fork" "TCP:$ns_ip:5000" >"$run_dir/forwarder.log" 2>&1 &
+  fi
+  fwd_pid=$!
+  for _ in $(seq 100); do
+    if curl -sf "http://$registry/v2/" >/dev/null; then return; fi
+    sleep 0.1
+  done
+  die "the registry did not answer through $registry ($1)"
 }
 
 registry_up() {
@@ -218,14 +243,13 @@ YML
   ip netns exec "$ns" docker-registry serve "$dir/registry.yml" >"$dir/registry.log" 2>&1 &
   reg_pid=$!
   port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  socat "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "TCP:$ns_ip:5000" >"$dir/socat.log" 2>&1 &
-  fwd_pid=$!
+  fwd_port=$port
   registry=127.0.0.1:$port
   for _ in $(seq 100); do
-    if curl -sf "http://$registry/v2/" >/dev/null; then return; fi
+    if ip netns exec "$ns" curl -sf "http://$ns_ip:5000/v2/" >/dev/null; then return; fi
     sleep 0.1
   done
-  die "the registry did not answer through $registry (see $dir/registry.log)"
+  die "the registry did not start (see $dir/registry.log)"
 }
 
 rx() { cat "/sys/class/net/$vh/statistics/rx_bytes"; }
@@ -314,7 +338,7 @@ sample_classic() {
   umoci unpack --image "$d/oci:img" "$d/bundle" >>"$d/log" 2>&1 || die "umoci unpack failed: $(cat "$d/log")"
   jq --argjson args "$(cmd_json "$img")" '.process.args = $args | .process.terminal = false' \
     "$d/bundle/config.json" >"$d/config.json" && mv "$d/config.json" "$d/bundle/config.json"
-  crun run --bundle "$d/bundle" "$id" >"$d/out" 2>>"$d/log" </dev/null || die "crun run failed: $(cat "$d/log")"
+  runc run --bundle "$d/bundle" "$id" >"$d/out" 2>>"$d/log" </dev/null || die "runc run failed: $(cat "$d/log")"
   t1=$(now)
   b1=$(rx)
   check_output "$img" "$d/out"
@@ -449,14 +473,14 @@ busy_before=$(top -b -n 2 -d 1 -w 200 | awk '/^ *PID/ { frame++; next } frame ==
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 net_up
-shape unshaped
 registry_up "$run_dir/registry"
+shape unshaped
 say "registry in netns $ns at $ns_ip:5000, reached at $registry"
 for img in "${imgs[@]}"; do prepare_image "$img"; done
 
 for link in "${link_list[@]}"; do
   shape "$link"
-  say "link: $link ($(tc qdisc show dev "$vh" | head -1))"
+  say "link: $link ($(tc qdisc show dev "$vh" | head -1); ${delay_by:-no delay})"
   for img in "${imgs[@]}"; do
     for r in $(seq 1 "$runs"); do
       sample_classic "$link" "$img" "$r"
@@ -477,8 +501,9 @@ shape unshaped
   printf 'date\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
   printf 'host\t%s\n' "$(nproc) cores, kernel $(uname -r), $(findmnt -no FSTYPE -T "$work") under $work"
   printf 'load\t%s\n' "load average $load_before at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end; busy processes at the start: ${busy_before:-none}"
-  printf 'versions\t%s\n' "cairn $("$cairn" --version | awk '{ print $2 }') ($cairn_given, built $(date -u -r "$cairn_given" '+%Y-%m-%d %H:%M UTC')); skopeo $(skopeo --version | awk '{ print $3 }'); umoci $(umoci --version | awk '{ print $3 }'); crun $(crun --version | head -1 | awk '{ print $3 }')"
+  printf 'versions\t%s\n' "cairn $("$cairn" --version | awk '{ print $2 }') ($cairn_given, built $(date -u -r "$cairn_given" '+%Y-%m-%d %H:%M UTC')); skopeo $(skopeo --version | awk '{ print $3 }'); umoci $(umoci --version | awk '{ print $3 }'); runc $(runc --version | head -1 | awk '{ print $3 }')"
   printf 'command\t%s\n' "bench/lazy.sh ${all_args[*]}"
+  printf 'link\t%s\n' "shaped: tbf rate 100mbit on both ends of the veth, and 10 ms each way added by bench/lib/delay_proxy.py (this kernel has no netem qdisc); unshaped: no qdisc, socat"
   printf 'runs\t%s\n' "$runs"
   for img in "${imgs[@]}"; do
     printf 'image %s\t%s\t%s\t%s\t%s\t%s\n' "$img" "$(image_bytes "$img")" "$(tar_bytes "$img")" \

@@ -15,7 +15,7 @@ import sys
 
 MODES = ["classic", "cairn", "lazy", "lazy+list"]
 MODE_TEXT = {
-    "classic": "skopeo copy + umoci unpack + crun run",
+    "classic": "skopeo copy + umoci unpack + runc run",
     "cairn": "`cairn pull` + `cairn run`",
     "lazy": "`cairn pull --lazy` + `cairn run --lazy` (no prefetch list)",
     "lazy+list": "the same, artifact with a prefetch list",
@@ -62,15 +62,16 @@ def main():
     p("")
     p("`bench/lazy.sh` (issue 13, point 7). The registry (Debian's docker-registry)")
     p("runs in a network namespace made by the bench and is reached through a veth")
-    p("pair, shaped with `tc netem` to 100 Mbit/s and 20 ms RTT (10 ms and")
-    p("100 Mbit/s each way) or unshaped. Every sample is cold: page cache dropped,")
+    p("pair, shaped to 100 Mbit/s and 20 ms RTT (100 Mbit/s each way with `tc tbf`")
+    p("on both ends, 10 ms each way added by a relay on the host, because this")
+    p("kernel has no `netem` qdisc) or unshaped. Every sample is cold: page cache dropped,")
     p("a fresh store or directory; the four ways run interleaved, and the figures")
     p("are medians. Bytes are what the registry sent, counted on the host's end of")
     p("the veth (TCP/IP headers included); MB = 10^6 bytes. The lazy runs use")
     p("`--lazy-fetch on-demand` (only what is opened, with its neighbours in a")
     p("pack up to `--coalesce` 1 MiB), so the bytes are what the command needed.")
     p("")
-    for key in ("date", "host", "load", "versions", "command", "runs"):
+    for key in ("date", "host", "load", "versions", "command", "runs", "link"):
         if key in meta:
             p(f"- {key}: {meta[key][0]}")
     p("- the machine is shared: other helpers were building Rust crates while this ran "
