@@ -377,7 +377,7 @@ sample_lazy() {
   b0=$(rx)
   t0=$(now)
   "$cairn" --root "$d/store" -q pull --lazy "$ref" >"$d/log" 2>&1 || die "cairn pull --lazy failed: $(cat "$d/log")"
-  "$cairn" --root "$d/store" -q run --lazy --lazy-fetch on-demand "$ref" "${cmd[@]}" >"$d/out" 2>>"$d/log" </dev/null ||
+  "$cairn" --root "$d/store" -q run --lazy --lazy-fetch on-demand --fetch-timeout 10m "$ref" "${cmd[@]}" >"$d/out" 2>>"$d/log" </dev/null ||
     die "cairn run --lazy failed: $(cat "$d/log")"
   t1=$(now)
   b1=$(rx)
@@ -400,7 +400,7 @@ prepare_image() {
   rec=$run_dir/rec-$img
   mapfile -t cmd < <(cmd_lines "$img")
   "$cairn" --root "$rec" -q pull --lazy "$ref"
-  "$cairn" --root "$rec" -q run --lazy --lazy-fetch on-demand --record-prefetch "$run_dir/$img.prefetch" \
+  "$cairn" --root "$rec" -q run --lazy --lazy-fetch on-demand --fetch-timeout 10m --record-prefetch "$run_dir/$img.prefetch" \
     "$ref" "${cmd[@]}" >/dev/null </dev/null
   wait_lazy_gone "$rec"
   [ -s "$run_dir/$img.prefetch" ] || die "$img: no prefetch list recorded"
