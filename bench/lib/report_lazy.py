@@ -83,6 +83,7 @@ def main():
     for img in images:
         gz, tar, packs, opened, cmd = meta[f"image {img}"][:5]
         size[img] = int(gz)
+        cmd = cmd.replace("|", "\\|")
         p(f"| {img} | {int(gz) / MB:.1f} MB | {int(tar) / MB:.1f} MB | {int(packs) / MB:.1f} MB | {opened} | `{cmd}` |")
     p("")
     p("Ways: " + "; ".join(f"**{m}**: {MODE_TEXT[m]}" for m in MODES) + ".")
