@@ -138,6 +138,7 @@ fn lazy(
         platform: opts.platform,
         name: opts.name,
         prefetch: !prefetch_off,
+        ..Default::default()
     };
     let report = cairn_remote::pull_lazy(store, reference, &lazy_opts)?;
     #[derive(Serialize)]

@@ -629,6 +629,70 @@ pub struct FetchReport {
     pub was_complete: bool,
 }
 
+/// Fetches those of `ids` that are not in the store, each checked before
+/// it is published: neighbouring single-frame objects of a pack in one
+/// range request of at most `coalesce` bytes, chunked objects a request
+/// a chunk, `jobs` requests in flight. Returns the objects and bytes
+/// fetched and the requests made. Used by `cairn fetch` (every object of
+/// an image) and by `pull --lazy` (its prefetch list).
+pub(crate) fn fetch_objects<'i>(
+    store: &Store,
+    remote: &RemoteObjects,
+    ids: impl IntoIterator<Item = &'i ObjectId>,
+    coalesce: u64,
+    jobs: usize,
+) -> Result<(u64, u64, u64), RemoteError> {
+    let image_digest = remote.image.as_str();
+    let mut lookup = store.object_lookup();
+    let mut singles = Vec::new();
+    let mut chunked = Vec::new();
+    for id in ids {
+        if lookup.has(id) {
+            continue;
+        }
+        let e = remote.entry(id).ok_or_else(|| {
+            RemoteError::invalid(
+                format!("object index of image {image_digest}"),
+                format!("object {id}, which the image uses, is not in it"),
+            )
+        })?;
+        if e.is_chunked() {
+            chunked.push(e);
+        } else {
+            singles.push((e.id, e.frames[0]));
+        }
+    }
+    singles.sort_by_key(|(_, f)| (f.pack, f.offset));
+    singles.dedup_by_key(|(id, _)| *id);
+    chunked.sort_by_key(|e| e.id);
+    chunked.dedup_by_key(|e| e.id);
+    // The work: groups of neighbouring single-frame objects (one request
+    // each), then the chunked objects (one request a chunk).
+    let coalesce = coalesce.max(1);
+    let mut work: Vec<Work<'_>> = Vec::new();
+    let mut i = 0;
+    while i < singles.len() {
+        let start = singles[i].1;
+        let mut j = i + 1;
+        while j < singles.len() {
+            let (prev, next) = (singles[j - 1].1, singles[j].1);
+            let prev_end = prev.offset + prev.compressed;
+            if next.pack != start.pack
+                || next.offset < prev_end
+                || next.offset - prev_end > MAX_GAP
+                || next.offset + next.compressed - start.offset > coalesce
+            {
+                break;
+            }
+            j += 1;
+        }
+        work.push(Work::Group(&singles[i..j]));
+        i = j;
+    }
+    work.extend(chunked.iter().map(Work::Chunked));
+    run_work(store, remote, &work, jobs)
+}
+
 /// Fetches every object the incomplete image `image_digest` lacks, then
 /// marks it complete; see the module docs.
 pub fn fetch_image(
@@ -664,51 +728,8 @@ pub fn fetch_image(
         return Ok(report);
     }
     let remote = RemoteObjects::open(store, image_digest, &opts.client)?;
-    let mut lookup = store.object_lookup();
-    let mut singles = Vec::new();
-    let mut chunked = Vec::new();
-    for id in objects.keys() {
-        if lookup.has(id) {
-            continue;
-        }
-        let e = remote.entry(id).ok_or_else(|| {
-            RemoteError::invalid(
-                format!("object index of image {image_digest}"),
-                format!("object {id}, which the image uses, is not in it"),
-            )
-        })?;
-        if e.is_chunked() {
-            chunked.push(e);
-        } else {
-            singles.push((e.id, e.frames[0]));
-        }
-    }
-    singles.sort_by_key(|(_, f)| (f.pack, f.offset));
-    // The work: groups of neighbouring single-frame objects (one request
-    // each), then the chunked objects (one request a chunk).
-    let coalesce = opts.coalesce.max(1);
-    let mut work: Vec<Work<'_>> = Vec::new();
-    let mut i = 0;
-    while i < singles.len() {
-        let start = singles[i].1;
-        let mut j = i + 1;
-        while j < singles.len() {
-            let (prev, next) = (singles[j - 1].1, singles[j].1);
-            let prev_end = prev.offset + prev.compressed;
-            if next.pack != start.pack
-                || next.offset < prev_end
-                || next.offset - prev_end > MAX_GAP
-                || next.offset + next.compressed - start.offset > coalesce
-            {
-                break;
-            }
-            j += 1;
-        }
-        work.push(Work::Group(&singles[i..j]));
-        i = j;
-    }
-    work.extend(chunked.iter().map(Work::Chunked));
-    let (objects_done, bytes_done, requests) = run_work(store, &remote, &work, opts.jobs)?;
+    let (objects_done, bytes_done, requests) =
+        fetch_objects(store, &remote, objects.keys(), opts.coalesce, opts.jobs)?;
     report.fetched_objects = objects_done;
     report.fetched_bytes = bytes_done;
     report.requests = requests;

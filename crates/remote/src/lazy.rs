@@ -38,6 +38,10 @@ pub struct LazyPullOptions {
     /// Fetch the objects of the artifact's prefetch list (if it has one)
     /// before returning.
     pub prefetch: bool,
+    /// For the prefetch list: neighbouring objects of a pack in one
+    /// request up to this many bytes, and this many requests in flight.
+    pub coalesce: u64,
+    pub jobs: usize,
 }
 
 impl Default for LazyPullOptions {
@@ -47,6 +51,8 @@ impl Default for LazyPullOptions {
             platform: None,
             name: None,
             prefetch: true,
+            coalesce: crate::fetch::FetchOptions::default().coalesce,
+            jobs: crate::fetch::FetchOptions::default().jobs,
         }
     }
 }
@@ -451,16 +457,19 @@ pub fn pull_lazy(
             ));
         }
         let remote = crate::fetch::RemoteObjects::open(store, &image_sha, &opts.client)?;
-        let mut lookup = store.object_lookup();
-        for raw in bytes.chunks_exact(32) {
-            let id = ObjectId(raw.try_into().expect("32 bytes"));
-            // Only objects the image uses; the list is a hint, not a command.
-            if !objects.contains_key(&id) || lookup.has(&id) {
-                continue;
-            }
-            remote.publish(store, &id)?;
-            prefetched += 1;
-        }
+        // Only objects the image uses: the list is a hint, not a command.
+        // Fetched as `cairn fetch` fetches (neighbours of a pack in one
+        // request, a few requests in flight, one publication a group):
+        // `cairn push` puts the list's objects first in the packs, in its
+        // order, so they come in a few large requests.
+        let listed: Vec<ObjectId> = bytes
+            .chunks_exact(32)
+            .map(|raw| ObjectId(raw.try_into().expect("32 bytes")))
+            .filter(|id| objects.contains_key(id))
+            .collect();
+        let (n, _, _) =
+            crate::fetch::fetch_objects(store, &remote, &listed, opts.coalesce, opts.jobs)?;
+        prefetched = n;
     }
     Ok(LazyPullReport {
         reference: display,
