@@ -1,18 +1,38 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Interleaved A/B of `cairn import` of one OCI layout (issue 17).
-# usage: bench/import-ab.sh ROUNDS label=binary...
-#   env: PFX="taskset -c 0", LAYOUT=DIR (default /var/tmp/imp/linux-gz), PAUSE=seconds
-# Fresh store directory per run; stores removed after each round, then 60 s
-# pause (ext4 recently_deleted quirk).
-N=$1; shift
-for i in $(seq 1 $N); do
+#
+#   sudo bench/import-ab.sh ROUNDS LABEL=BINARY...
+#
+# Environment: PFX (a command prefix, split on spaces, e.g. "taskset -c 0"),
+# LAYOUT (default /var/tmp/imp/linux-gz, image name `linux`), PAUSE
+# (seconds after each round, default 60).
+# Per run: a fresh store directory, `sync`, caches dropped, then
+# /usr/bin/time of the import (wall, user, sys, CPU%, peak RSS in KiB).
+# The stores are removed after each round, then the pause: journal-less
+# ext4 skips inodes freed in the last ~60 s (`recently_deleted`), which
+# would charge the next run for the previous one's deletion.
+set -uo pipefail
+
+rounds=${1:?usage: bench/import-ab.sh ROUNDS LABEL=BINARY...}
+shift
+read -r -a prefix <<<"${PFX:-}"
+layout=${LAYOUT:-/var/tmp/imp/linux-gz}
+for i in $(seq 1 "$rounds"); do
   for lb in "$@"; do
-    l=${lb%%=*}; b=${lb#*=}
-    r=/var/tmp/import-ab-$l-$i; rm -rf $r; sync; echo 3 > /proc/sys/vm/drop_caches
+    l=${lb%%=*} b=${lb#*=}
+    r=/var/tmp/import-ab-$l-$i
+    rm -rf "$r"
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
     ld=$(cut -d' ' -f1 /proc/loadavg)
-    /usr/bin/time -o /tmp/import-ab-t.$l -f "%e %U %S %P %M" $PFX $b --root $r import oci-layout:${LAYOUT:-/var/tmp/imp/linux-gz}:linux >/dev/null 2>/tmp/import-ab-err.$l || { echo FAIL $l; tail -3 /tmp/import-ab-err.$l; }
-    echo "round=$i $l wall,user,sys,cpu%,maxrss_kb: $(cat /tmp/import-ab-t.$l) load=$ld"
+    if ! /usr/bin/time -o "/tmp/import-ab-t.$l" -f "%e %U %S %P %M" \
+      "${prefix[@]}" "$b" --root "$r" import "oci-layout:$layout:linux" >/dev/null 2>"/tmp/import-ab-err.$l"; then
+      echo "FAIL $l"
+      tail -3 "/tmp/import-ab-err.$l"
+    fi
+    echo "round=$i $l wall,user,sys,cpu%,maxrss_kb: $(cat "/tmp/import-ab-t.$l") load=$ld"
   done
-  for lb in "$@"; do l=${lb%%=*}; rm -rf /var/tmp/import-ab-$l-$i; done
-  sync; sleep ${PAUSE:-60}
+  for lb in "$@"; do rm -rf "/var/tmp/import-ab-${lb%%=*}-$i"; done
+  sync
+  sleep "${PAUSE:-60}"
 done
