@@ -721,24 +721,34 @@ fn run_through_a_worker_restart(l: &Lazy, store: &Path, how: Interrupt, full_out
             None => cmd.env_remove(k),
         };
     }
-    let mut child = cmd
-        .args([
-            "run",
-            "--lazy",
-            "--lazy-fetch",
-            "on-demand",
-            "--coalesce",
-            "0",
-            &l.reference,
-            "/busybox/busybox",
-            "sh",
-            "-c",
-            &script,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    cmd.args([
+        "run",
+        "--lazy",
+        "--lazy-fetch",
+        "on-demand",
+        "--coalesce",
+        "0",
+        &l.reference,
+        "/busybox/busybox",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    // The copy was just written: another test thread's fork may still hold
+    // its write descriptor for a moment (until that child execs), and
+    // exec refuses a file open for writing (ETXTBSY). Retry briefly.
+    let mut tries = 0;
+    let mut child = loop {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r.unwrap(),
+        }
+    };
     let stdout = child.stdout.take().unwrap();
     let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let reader = {

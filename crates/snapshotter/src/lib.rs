@@ -57,10 +57,22 @@ pub fn serve(root: &Path, address: &Path) -> Result<(), SnapError> {
         .map_err(internal("starting the runtime".into()))?;
     let shared = Arc::new(Mutex::new(snap));
     rt.block_on(async move {
-        let listener = tokio::net::UnixListener::bind(address)
-            .map_err(internal(format!("binding {}", address.display())))?;
-        fs::set_permissions(address, fs::Permissions::from_mode(0o600))
-            .map_err(internal(address.display().to_string()))?;
+        // Bound (and listening) under a temporary name, made 0600, then
+        // renamed into place: a client that sees the socket can connect
+        // (binding and listening are two system calls, and a connect in
+        // between is refused), and it is never open to others for a moment.
+        let mut staged = address.as_os_str().to_owned();
+        staged.push(format!(".{}.tmp", std::process::id()));
+        let staged = std::path::PathBuf::from(staged);
+        let _ = fs::remove_file(&staged);
+        let listener = tokio::net::UnixListener::bind(&staged)
+            .map_err(internal(format!("binding {}", staged.display())))?;
+        let placed = fs::set_permissions(&staged, fs::Permissions::from_mode(0o600))
+            .and_then(|()| fs::rename(&staged, address));
+        if let Err(e) = placed {
+            let _ = fs::remove_file(&staged);
+            return Err(internal(address.display().to_string())(e));
+        }
         tracing::info!("cairn snapshotter listening on {}", address.display());
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         let shutdown = async {
