@@ -273,8 +273,6 @@ pub fn import_layer(
             parse_layer(&mut tar, compression, &mut b, limits, &layer)?;
             drop(tar);
             b.settle_all().map_err(|e| add_err(&layer, b"", 0, e))?;
-            // The workers end when their queues close.
-            b.objects = None;
             let totals = decompressor
                 .join()
                 .map_err(|_| LayerError::Invalid {
@@ -285,6 +283,12 @@ pub fn import_layer(
                     layer: layer.clone(),
                     reason: "the decompression thread ended without totals".into(),
                 })?;
+            check_digests(&layer, expected_blob_digest, expected_diff_id, &totals)?;
+            // Every object is staged, and the layer is the one expected:
+            // the workers name their last objects as they end, which they
+            // do when their queues close.
+            publisher.staging_done();
+            b.objects = None;
             Ok((b, compression, totals))
         })?
     };
@@ -295,32 +299,13 @@ pub fn import_layer(
         started.elapsed()
     );
 
+    check_digests(&layer, expected_blob_digest, expected_diff_id, &totals)?;
     let pipeline::Totals {
         blob_digest,
         diff_id,
         compressed,
         uncompressed,
     } = totals;
-    if let Some(expected) = expected_blob_digest {
-        if expected != blob_digest {
-            return Err(LayerError::Digest {
-                layer,
-                what: "blob digest",
-                expected: expected.to_owned(),
-                actual: blob_digest,
-            });
-        }
-    }
-    if let Some(expected) = expected_diff_id {
-        if expected != diff_id {
-            return Err(LayerError::Digest {
-                layer,
-                what: "diff_id",
-                expected: expected.to_owned(),
-                actual: diff_id,
-            });
-        }
-    }
     let record = LayerRecord {
         format: cairn_store::LAYER_FORMAT,
         diff_id: diff_id.clone(),
@@ -372,6 +357,31 @@ pub fn import_layer(
         started.elapsed()
     );
     Ok(LayerInfo::from_record(&record, false))
+}
+
+/// Checks the digests of what was read against those expected.
+fn check_digests(
+    layer: &str,
+    expected_blob_digest: Option<&str>,
+    expected_diff_id: Option<&str>,
+    totals: &pipeline::Totals,
+) -> Result<(), LayerError> {
+    for (what, expected, actual) in [
+        ("blob digest", expected_blob_digest, &totals.blob_digest),
+        ("diff_id", expected_diff_id, &totals.diff_id),
+    ] {
+        if let Some(expected) = expected {
+            if expected != actual {
+                return Err(LayerError::Digest {
+                    layer: layer.to_owned(),
+                    what,
+                    expected: expected.to_owned(),
+                    actual: actual.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads every entry of the tar stream into `b`.

@@ -400,6 +400,9 @@ pub(crate) fn object_worker(
         batch.files = 0;
         let _ = free.try_send(batch);
     }
+    // The stream ended (or the import failed): name what is left, in
+    // parallel with the other workers.
+    shard.publish_all();
 }
 
 /// Staged bytes after which an object worker asks the flusher for a sync.

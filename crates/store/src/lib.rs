@@ -146,6 +146,9 @@ pub struct Store {
     /// `lstat` to find out; one made meanwhile by another process costs
     /// at most a duplicate staged file (dropped at publication).
     fanouts: OnceLock<object::Fanouts>,
+    /// Whether unnamed files can be made and linked in this store
+    /// (probed once; see `publish.rs`).
+    anonymous: OnceLock<bool>,
 }
 
 impl Store {
@@ -179,6 +182,7 @@ impl Store {
             staging: Mutex::new(None),
             verity: OnceLock::new(),
             fanouts: OnceLock::new(),
+            anonymous: OnceLock::new(),
         };
         // Cleaning is housekeeping: a store we may read but not write (or a
         // stuck entry) must not stop anyone from using it.

@@ -200,6 +200,9 @@ struct Inner<'s> {
     linked: AtomicUsize,
     /// What shards left unlinked when they ended.
     leftovers: Mutex<Vec<Pending>>,
+    /// Whether the caller said every object is staged (see
+    /// [`Publisher::staging_done`]).
+    staging_done: AtomicBool,
     /// The first error a shard met while publishing (reported by
     /// [`Publisher::finish`]).
     failed: Mutex<Option<StoreError>>,
@@ -230,6 +233,7 @@ impl Store {
             new_fanout: AtomicBool::new(false),
             linked: AtomicUsize::new(0),
             leftovers: Mutex::new(Vec::new()),
+            staging_done: AtomicBool::new(false),
             failed: Mutex::new(None),
         })))
     }
@@ -237,11 +241,11 @@ impl Store {
     /// Whether unnamed files can be made and linked here: one is made in
     /// the staging directory, linked there and removed (once per store).
     fn probe_anonymous(&self, staging: &Arc<Staging>) -> bool {
-        static PROBED: OnceLock<bool> = OnceLock::new();
+        // For measurements: the named files and one rename pass of before.
         if std::env::var_os("CAIRN_NO_TMPFILE").is_some() {
             return false;
         }
-        *PROBED.get_or_init(|| {
+        *self.anonymous.get_or_init(|| {
             let Ok(tmp) = staging.anon_file(0o600) else {
                 return false;
             };
@@ -277,6 +281,14 @@ impl<'s> Publisher<'s> {
             staging: self.0.staging.shard().ok(),
             pending: Vec::new(),
         }
+    }
+
+    /// Says that every object is staged and the import goes on: the
+    /// shards' [`publish_all`](PublishShard::publish_all) links their last
+    /// objects (without it, as when an import fails, it does nothing and
+    /// the unnamed files are dropped).
+    pub fn staging_done(&self) {
+        self.0.staging_done.store(true, Ordering::Release);
     }
 
     /// Syncs the filesystem now (or waits for a sync begun after this call):
@@ -464,6 +476,33 @@ impl PublishShard<'_> {
             }
         }
         self.pending.len() * 2 >= per_shard
+    }
+}
+
+impl PublishShard<'_> {
+    /// Once [`Publisher::staging_done`] was called: syncs (or waits for a
+    /// sync that covers them) and links everything the shard holds: its
+    /// thread's last work, so that the threads name
+    /// their last objects in parallel rather than [`Publisher::finish`]
+    /// alone. Errors are kept for [`Publisher::finish`].
+    pub fn publish_all(&mut self) {
+        if !self.publisher.0.staging_done.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(last) = self.pending.last().map(|p| p.ticket) else {
+            return;
+        };
+        let publisher = self.publisher.clone();
+        if let Err(e) = publisher.sync_covering(last) {
+            publisher.fail(e);
+            self.pending.clear();
+            return;
+        }
+        for p in self.pending.drain(..) {
+            if let Err(e) = publisher.link(p) {
+                publisher.fail(e);
+            }
+        }
     }
 }
 
