@@ -227,7 +227,11 @@ pub fn import_layer(
             BufReader::with_capacity(64 * 1024, stream),
             TarLimits::from(limits),
         );
-        let mut b = LayerBuilder::new(store, None, Some(publisher.shard()))
+        // Named staging files, renamed at the end: with one thread, a sync
+        // each time the open-file budget is reached stops all the work
+        // while the disk writes (taskset -c 0: 47.3 s against 27.7 s for
+        // the Linux-tree layer), where the kernel's own writeback overlaps.
+        let mut b = LayerBuilder::new(store, None, None)
             .map_err(|e| store_err(&layer, "starting the layer record", e))?;
         parse_layer(&mut tar, compression, &mut b, limits, &layer)?;
         drop(tar);
