@@ -53,7 +53,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use cairn_fuse::{FetchError, ObjectSource, ServeOptions};
 use cairn_remote::RemoteObjects;
-use cairn_store::{ObjectId, Store};
+use cairn_store::{ObjectId, StagedObject, Store};
 
 /// What is fetched besides what is opened.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -157,10 +157,14 @@ impl ObjectSource for RemoteSource {
             .unwrap_or_else(|_| vec![*id])
     }
 
-    fn publish_group(&self, store: &Store, group: &[ObjectId]) -> Option<Result<(), FetchError>> {
+    fn stage_group(
+        &self,
+        store: &Store,
+        group: &[ObjectId],
+    ) -> Option<Result<Vec<StagedObject>, FetchError>> {
         Some(
             self.remote
-                .publish_group(store, group)
+                .stage_run(store, group)
                 .map_err(|e| FetchError::Other(e.to_string())),
         )
     }

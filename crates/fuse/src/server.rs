@@ -755,13 +755,19 @@ impl Server {
         }
     }
 
-    /// Opens an object that is in the store. Returns the handle, the open
-    /// flags and the backing id (0 without passthrough).
+    /// Opens an object that is in the store, or checked and being
+    /// published. Returns the handle, the open flags and the backing id
+    /// (0 without passthrough).
     fn open_present(&self, node: u64, id: &ObjectId, size: u64) -> Result<(u64, u32, i32), i32> {
         let id = *id;
-        let path = self.store.object_path(&id);
-        let file = File::open(&path).map_err(|e| {
-            tracing::warn!(object = %id, "opening {}: {e}", path.display());
+        // The store's file, or while it is being published the checked
+        // staged file (the same inode the store will name).
+        let file = self.fetcher.open_object(&id).map_err(|e| {
+            tracing::warn!(
+                object = %id,
+                "opening {}: {e}",
+                self.store.object_path(&id).display()
+            );
             libc::EIO
         })?;
         let actual = file.metadata().map(|m| m.len()).map_err(|_| libc::EIO)?;

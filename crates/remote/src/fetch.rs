@@ -339,38 +339,51 @@ impl RemoteObjects {
             [] => Ok(()),
             [one] => self.publish(store, one).map(|_| ()),
             _ => {
-                let mut frames = Vec::with_capacity(group.len());
-                for id in group {
-                    let e = self.index.get(id).ok_or_else(|| self.not_listed(id))?;
-                    let f = e.frames[0];
-                    if e.is_chunked() {
-                        return Err(RemoteError::invalid(
-                            format!("a group of objects of image {}", self.image),
-                            format!("object {id} is chunked; it is fetched alone"),
-                        ));
-                    }
-                    if let Some((_, prev)) = frames.last() {
-                        let prev: &Frame = prev;
-                        let prev_end = prev.offset + prev.compressed;
-                        if f.pack != prev.pack
-                            || f.offset < prev_end
-                            || f.offset - prev_end > MAX_GAP
-                        {
-                            return Err(RemoteError::invalid(
-                                format!("a group of objects of image {}", self.image),
-                                format!(
-                                    "object {id} does not follow the one before it in its pack"
-                                ),
-                            ));
-                        }
-                    }
-                    frames.push((*id, f));
-                }
-                let staged = self.stage_group(store, &frames)?;
+                let staged = self.stage_run(store, group)?;
                 store.publish_staged(staged)?;
                 Ok(())
             }
         }
+    }
+
+    /// Fetches a run of two or more single-frame objects of one pack (as
+    /// [`publish_group`](Self::publish_group) takes them) with one range
+    /// request and stages each, checked against its fs-verity digest, in
+    /// `group`'s order; publishes nothing. The caller publishes them
+    /// ([`Store::publish_staged`]), and may read each staged file first
+    /// ([`StagedObject::open_staged`]): a lazy mount answers the open
+    /// that asked for them before their names are made durable.
+    pub fn stage_run(
+        &self,
+        store: &Store,
+        group: &[ObjectId],
+    ) -> Result<Vec<StagedObject>, RemoteError> {
+        let mut frames = Vec::with_capacity(group.len());
+        for id in group {
+            let e = self.index.get(id).ok_or_else(|| self.not_listed(id))?;
+            let f = e.frames[0];
+            if e.is_chunked() {
+                return Err(RemoteError::invalid(
+                    format!("a group of objects of image {}", self.image),
+                    format!("object {id} is chunked; it is fetched alone"),
+                ));
+            }
+            if let Some((_, prev)) = frames.last() {
+                let prev: &Frame = prev;
+                let prev_end = prev.offset + prev.compressed;
+                if f.pack != prev.pack || f.offset < prev_end || f.offset - prev_end > MAX_GAP {
+                    return Err(RemoteError::invalid(
+                        format!("a group of objects of image {}", self.image),
+                        format!("object {id} does not follow the one before it in its pack"),
+                    ));
+                }
+            }
+            frames.push((*id, f));
+        }
+        if frames.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.stage_group(store, &frames)
     }
 
     /// Every object of the index in pack order (a chunked object at its

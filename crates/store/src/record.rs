@@ -57,7 +57,7 @@
 use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -271,6 +271,22 @@ impl StagedObject {
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Opens the staged file read-only: its bytes, which hashed to
+    /// [`id`](Self::id), readable before the object is published (before
+    /// the syncs that make its name durable). The descriptor stays valid
+    /// after publication (the rename keeps the inode) and after a failed
+    /// one. `None` when the store had the object already: open it there.
+    pub fn open_staged(&self) -> Option<Result<File, StoreError>> {
+        let tmp = self.tmp.as_ref()?;
+        Some(
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(tmp.path())
+                .map_err(|e| tmp.err("opening staged object", e)),
+        )
     }
 }
 
