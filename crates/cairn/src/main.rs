@@ -330,6 +330,23 @@ fn probe(g: &Global) -> Result<()> {
         present: answer.is_ok(),
         detail: answer.unwrap_or_else(|e| e.to_string()),
     };
+    // The fs-verity row above asks through cairn's own file; what sealing
+    // needs is the store's filesystem (its root, or the nearest directory
+    // above it that exists).
+    let store_dir = g
+        .root
+        .ancestors()
+        .find(|p| p.is_dir())
+        .unwrap_or(Path::new("/"));
+    let verity = cairn_mount::probe::verity_support_at(store_dir);
+    rows.push(Row {
+        feature: format!(
+            "fs-verity on the store's filesystem ({})",
+            store_dir.display()
+        ),
+        present: matches!(verity, cairn_mount::Support::Present),
+        detail: format!("{verity:?}"),
+    });
     rows.push(summary(
         "EROFS image path",
         features.erofs_path().map(|p| p.to_string()),
@@ -341,7 +358,25 @@ fn probe(g: &Global) -> Result<()> {
             .and_then(|()| features.erofs_path())
             .map(|_| format!("supported; overlay layers {}", features.layer_path())),
     ));
-    output(g, &rows, |_| features.to_string())
+    // In the feature list's own form, right after it.
+    let store_line = match &verity {
+        cairn_mount::Support::Present => format!(
+            "  yes  fs-verity on the store's filesystem ({}): new objects and images are sealed",
+            store_dir.display()
+        ),
+        cairn_mount::Support::Absent(why) | cairn_mount::Support::NotPermitted(why) => format!(
+            "  no   fs-verity on the store's filesystem ({}): {why}",
+            store_dir.display()
+        ),
+    };
+    output(g, &rows, |_| {
+        let text = features.to_string();
+        // After the feature rows, before the summary that follows them.
+        match text.find("\nEROFS images") {
+            Some(at) => format!("{}\n{store_line}{}", &text[..at], &text[at..]),
+            None => format!("{text}\n{store_line}"),
+        }
+    })
 }
 
 /// The first block of an image file: composefs header and superblock.
