@@ -1068,7 +1068,7 @@ fn privileged_lazy_server_crash_loop_backs_off_and_gives_up() {
             None => break,
         }
     }
-    assert_eq!(gaps.len(), 8, "{gaps:?}");
+    assert_eq!(gaps.len(), 8, "{gaps:?}; logs: {}", lazy_logs(&l.b));
     // Backing off: the last successors came later than the first.
     assert!(
         gaps[7] >= std::time::Duration::from_millis(1500) && gaps[7] > gaps[1] * 4,
