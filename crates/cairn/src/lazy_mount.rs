@@ -20,7 +20,7 @@
 //! 1. the server mounts the FUSE layer at `<store>/lazy/<name>/` and says
 //!    "ready" (or why not) through a pipe;
 //! 2. `cairn mount` stacks and attaches the overlay on it, then tells the
-//!    server through a second pipe; if anything fails, it closes that pipe
+//!    server through a socket pair; if anything fails, it closes its end
 //!    without a word and the server unmounts the layer and exits;
 //! 3. told, the server detaches the FUSE mount (it leaves the mount table;
 //!    the overlay keeps it alive), removes its directory and serves until
@@ -244,7 +244,18 @@ impl LazyLayer {
             bail!("cannot fork the lazy layer's server: this process has {threads} threads");
         }
         let (ready_r, ready_w) = pipe()?;
-        let (attached_r, attached_w) = pipe()?;
+        // A socket, not a pipe: a worker reads the byte with MSG_PEEK,
+        // leaving it for a successor if it is killed before it marks the
+        // journal (a pipe's byte, once read, would be gone, and the
+        // successor would take the closed, empty pipe for a failure).
+        let (attached_r, attached_w) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(io::Error::from)
+        .context("making a socket pair for the lazy layer's server")?;
         let lazy = store.root().join("lazy");
         fs::DirBuilder::new()
             .mode(0o700)
@@ -397,7 +408,7 @@ struct Served {
     /// The connection: the supervisor's descriptor keeps it alive while
     /// no worker runs.
     device: OwnedFd,
-    /// The pipe on which `cairn mount` tells that the overlay is attached
+    /// The socket on which `cairn mount` tells that the overlay is attached
     /// (one byte) or that it failed (closed without a word).
     attached: Option<fs::File>,
     /// The `cairn` binary the mount was started from: successors run
@@ -657,7 +668,13 @@ fn worker(served: &mut Served, start: Start) -> i32 {
             }
         }
         Start::Successor => {
-            let mounted = !journal.marked(mark::DETACHED);
+            // A predecessor killed between detaching the layer and marking
+            // it leaves the mark unset: the mount table says. (Not a stat
+            // of `dir`: it would ask this very server, not serving yet.)
+            let mounted = !journal.marked(mark::DETACHED)
+                && cairn_mount::mount_table()
+                    .map(|t| t.iter().any(|m| m.mount_point == dir))
+                    .unwrap_or(true);
             match cairn_fuse::resume(device, store.clone(), source.clone(), dir, mounted, options) {
                 Ok(m) => {
                     eprintln!(
@@ -675,8 +692,14 @@ fn worker(served: &mut Served, start: Start) -> i32 {
     };
     let told = journal.marked(mark::TOLD) || {
         let mut byte = [0u8; 1];
-        let told = match served.attached.as_mut() {
-            Some(a) => matches!(a.read(&mut byte), Ok(1)),
+        // Peeked, not read: the byte stays for a successor (see `start`).
+        let told = match served.attached.as_ref() {
+            Some(a) => loop {
+                match rustix::net::recv(a, &mut byte, rustix::net::RecvFlags::PEEK) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    r => break matches!(r, Ok((1, _))),
+                }
+            },
             None => false,
         };
         if told {
@@ -1042,7 +1065,7 @@ pub(crate) fn command(root: &Path, cmd: LazyCommand) -> Result<()> {
 
 /// What a successor that runs a new binary (`cairn lazy worker`) is told,
 /// as JSON on descriptor 6; descriptors 3, 4 and 5 are the connection, the
-/// journal and (if `attached`) the "attached" pipe, and stderr is the log.
+/// journal and (if `attached`) the "attached" socket, and stderr is the log.
 /// The format is between one cairn and the next: fields may be added.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct WorkerSpec {
@@ -1072,7 +1095,7 @@ const FD_ATTACHED: i32 = 5;
 const FD_SPEC: i32 = 6;
 
 /// In a forked child of the supervisor: runs `exe lazy worker` with the
-/// connection, the journal, the pipe and the settings. Returns only if
+/// connection, the journal, the socket and the settings. Returns only if
 /// that could not be done.
 fn exec_worker(served: &Served, exe: &Path) -> io::Error {
     let Some(store) = served.store.as_ref() else {
