@@ -638,9 +638,7 @@ pub(crate) fn inode_for(e: &TarEntry) -> Result<Inode, String> {
         }
         // The kernel refuses user.* xattrs on anything but regular files
         // and directories (so does every unpacker writing to a disk).
-        if k.starts_with(b"user.")
-            && !matches!(e.kind, EntryKind::Regular | EntryKind::Directory)
-        {
+        if k.starts_with(b"user.") && !matches!(e.kind, EntryKind::Regular | EntryKind::Directory) {
             return Err(format!(
                 "xattr {} on a {}: user.* xattrs exist only on regular files and directories",
                 lossy(k),

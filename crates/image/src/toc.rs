@@ -110,9 +110,9 @@ pub fn toc_layer_record(
             }
             Prepared::Regular(path, mut inode) => {
                 if t.size > 0 {
-                    let sha = t.sha256.ok_or_else(|| {
-                        fail("a regular file with contents but no digest".into())
-                    })?;
+                    let sha = t
+                        .sha256
+                        .ok_or_else(|| fail("a regular file with contents but no digest".into()))?;
                     let id = cairn_store::ObjectId(sha);
                     inode.data = InodeData::Regular(RegularFile {
                         content: None,
@@ -181,13 +181,19 @@ mod tests {
         )
         .unwrap();
         let upper = toc_layer_record(
-            vec![entry("a/.wh.s", TocKind::Regular), entry("b/.wh..wh..opq", TocKind::Regular)],
+            vec![
+                entry("a/.wh.s", TocKind::Regular),
+                entry("b/.wh..wh..opq", TocKind::Regular),
+            ],
             "upper",
         )
         .unwrap();
         let tree = tree_from_records(&[("lower".into(), lower), ("upper".into(), upper)]).unwrap();
         let dump = cairn_erofs::dump::tree_to_dump_string(&tree).unwrap();
-        assert!(dump.contains("/a/f 100 100644 2 0 0 0 0.0 07/0707"), "{dump}");
+        assert!(
+            dump.contains("/a/f 100 100644 2 0 0 0 0.0 07/0707"),
+            "{dump}"
+        );
         assert!(dump.contains("/a/l "), "{dump}");
         assert!(!dump.contains("/a/s "), "{dump}");
         assert!(!dump.contains("/b/x "), "{dump}");
@@ -197,7 +203,9 @@ mod tests {
     fn a_bad_entry_is_named() {
         let mut f = entry("x", TocKind::Regular);
         f.size = 10;
-        let e = toc_layer_record(vec![f], "sha256:l").unwrap_err().to_string();
+        let e = toc_layer_record(vec![f], "sha256:l")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no digest") && e.contains("sha256:l"), "{e}");
         let e = toc_layer_record(vec![entry(".wh.", TocKind::Regular)], "l")
             .unwrap_err()

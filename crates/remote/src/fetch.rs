@@ -84,6 +84,13 @@ impl RemoteObjects {
         let lazy = record
             .lazy
             .ok_or_else(|| not("its record names no lazy source (it is complete)"))?;
+        if lazy.estargz {
+            return Err(not(
+                "it was pulled from an eStargz image's tables of contents, which cairn does not \
+                 fetch from or serve yet (docs/lazy-format.md, \"eStargz\"); `cairn pull` pulls \
+                 it whole",
+            ));
+        }
         let awhat = format!("artifact {} of image {image_digest}", lazy.artifact_digest);
         let adigest = Digest::parse(&lazy.artifact_digest)
             .map_err(|e| RemoteError::invalid(&awhat, e.to_string()))?;

@@ -26,6 +26,7 @@
 pub mod artifact;
 mod error;
 pub mod estargz;
+pub mod estargz_pull;
 pub mod fetch;
 pub mod index;
 pub mod lazy;

@@ -188,6 +188,12 @@ pub struct LazySource {
     /// Distinct objects the image uses, and the sum of their sizes.
     pub objects: u64,
     pub object_bytes: u64,
+    /// An eStargz image pulled through its layers' TOCs: `artifact_digest`
+    /// and `artifact_manifest` are then the image manifest's (it names
+    /// the layer blobs), the lazy index holds the TOCs, and files are
+    /// named by the sha256 of their contents (docs/lazy-format.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estargz: bool,
 }
 
 /// Whether `s` is a diff_id as layers are named: `sha256:` and 64 lowercase
