@@ -10,6 +10,7 @@
 #[path = "../../../oci/tests/common/registry.rs"]
 pub mod registry;
 
+pub mod containerd;
 pub mod images;
 pub mod proxy;
 

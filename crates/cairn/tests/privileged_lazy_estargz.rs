@@ -1,0 +1,188 @@
+//! eStargz images made by stargz-snapshotter's own converter, started
+//! lazily by cairn: a two-layer image (busybox, symlinks, a hard link,
+//! whiteouts, an opaque directory, a large file) is imported into Debian's
+//! containerd 1.6, converted with `ctr-remote image convert --estargz
+//! --oci`, pushed with `ctr image push` to docker-registry on 127.0.0.1,
+//! and `cairn pull --lazy` builds its metadata from the layers' TOCs
+//! alone: the same tree as a full `cairn pull` of the same image (file
+//! contents named by sha256 instead of fs-verity digest), with only the
+//! manifests, config and TOCs fetched (counted by a proxy). The plain
+//! gzip original is refused with its reason. Runs as root (containerd).
+
+mod support;
+
+use support::containerd::Containerd;
+use support::images::{random_bytes, text, Tar};
+use support::proxy::SlowProxy;
+use support::registry::{sha256, LocalRegistry};
+use support::{assert_fsck_clean, cairn_ok, cairn_out};
+
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+
+fn gzip(tar: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, tar).unwrap();
+    gz.finish().unwrap()
+}
+
+/// An OCI archive (what `ctr image import` reads) of a two-layer image
+/// named `name`.
+fn archive(name: &str) -> Vec<u8> {
+    let mut l1 = Tar::default();
+    l1.dir("bin")
+        .file_mode(
+            "bin/busybox",
+            &std::fs::read("/bin/busybox").expect("/bin/busybox (busybox-static)"),
+            0o755,
+        )
+        .symlink("bin/sh", "busybox")
+        .hardlink("bin/ls", "bin/busybox")
+        .dir("etc")
+        .file("etc/msg", b"hello from an eStargz image\n")
+        .file("etc/gone", b"deleted by the upper layer\n")
+        .dir("usr")
+        .dir("usr/lib")
+        .file("usr/lib/old", &text(3000, 1))
+        .dir("data")
+        .file("data/big", &random_bytes(5 << 20, 7));
+    let mut l2 = Tar::default();
+    l2.dir("etc")
+        .whiteout("etc", "gone")
+        .file("etc/msg", b"hello again, from the upper layer\n")
+        .dir("usr/lib")
+        .opaque("usr/lib")
+        .file("usr/lib/new", &text(5000, 2));
+    let tars = [l1.finish(), l2.finish()];
+    let blobs: Vec<Vec<u8>> = tars.iter().map(|t| gzip(t)).collect();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh", "-c", "cat /etc/msg; ls /usr/lib"]},
+        "rootfs": {"type": "layers", "diff_ids": tars.iter().map(|t| sha256(t)).collect::<Vec<_>>()},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": sha256(&config), "size": config.len()},
+        "layers": blobs.iter().map(|b| serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": sha256(b), "size": b.len()})).collect::<Vec<_>>(),
+    }))
+    .unwrap();
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": OCI_MANIFEST, "digest": sha256(&manifest),
+                       "size": manifest.len(),
+                       "annotations": {"io.containerd.image.name": name}}],
+    }))
+    .unwrap();
+    let mut a = Tar::default();
+    a.file("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)
+        .file("index.json", &index);
+    for b in blobs.iter().chain([&config, &manifest]) {
+        let hex = sha256(b);
+        a.file(
+            &format!("blobs/sha256/{}", hex.strip_prefix("sha256:").unwrap()),
+            b,
+        );
+    }
+    a.finish()
+}
+
+/// `cairn dump` with what differs by design between a lazy eStargz pull
+/// and a full pull taken out: a regular file's payload, inline contents
+/// and verity digest (the lazy image names contents by sha256 and
+/// inlines nothing).
+fn shape(dump: &str) -> String {
+    dump.lines()
+        .map(|l| {
+            let mut f: Vec<&str> = l.split(' ').collect();
+            if f.len() > 10 && f[2].trim_start_matches('@').starts_with("10") {
+                f[8] = "-";
+                f[9] = "-";
+                f[10] = "-";
+            }
+            f.join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Imports the test image into `ctd`, converts it with ctr-remote and
+/// pushes both to `reg`; returns (plain, estargz) references.
+pub fn publish_estargz(ctd: &Containerd, reg: &LocalRegistry) -> (String, String) {
+    let plain = reg.reference("stargz/img:plain");
+    let esgz = reg.reference("stargz/img:esgz");
+    let path = ctd.dir().join("image.tar");
+    std::fs::write(&path, archive(&plain)).unwrap();
+    ctd.ok("ctr", &["image", "import", path.to_str().unwrap()]);
+    ctd.ok(
+        "ctr-remote",
+        &["image", "convert", "--estargz", "--oci", &plain, &esgz],
+    );
+    ctd.ok("ctr", &["image", "push", "--plain-http", &plain]);
+    ctd.ok("ctr", &["image", "push", "--plain-http", &esgz]);
+    (plain, esgz)
+}
+
+#[test]
+fn privileged_lazy_estargz_pull_builds_the_tree_of_a_full_pull_from_the_tocs() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test starts containerd and must run as root"
+    );
+    let reg = LocalRegistry::start();
+    let ctd = Containerd::start();
+    let (plain, esgz) = publish_estargz(&ctd, &reg);
+    let dir = tempfile::tempdir().unwrap();
+    let (lazy, full) = (dir.path().join("lazy"), dir.path().join("full"));
+
+    // Lazily, through a proxy that counts what the registry sends.
+    let proxy = SlowProxy::start(&reg.addr, 64 << 10);
+    let via = esgz.replacen(&reg.addr, &proxy.addr, 1);
+    let out = cairn_ok(&lazy, &["--json", "pull", "--lazy", &via]);
+    let pulled: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(pulled["complete"], false, "{pulled:#}");
+    let object_bytes = pulled["object_bytes"].as_u64().unwrap();
+    assert!(object_bytes > 6 << 20, "{pulled:#}");
+    let moved = proxy.bytes_down();
+    assert!(
+        moved < 64 << 10,
+        "pull --lazy of an eStargz image moved {moved} bytes (manifests, config and TOCs \
+         should be a few KB)"
+    );
+    let objects = std::fs::read_dir(lazy.join("objects"))
+        .unwrap()
+        .flatten()
+        .flat_map(|f| std::fs::read_dir(f.path()).unwrap().flatten())
+        .count();
+    assert_eq!(objects, 0, "pull --lazy stored objects");
+    assert_fsck_clean(&lazy, "after an eStargz pull --lazy");
+    let table = cairn_ok(&lazy, &["images"]);
+    assert!(table.contains("(incomplete)"), "{table}");
+
+    // The same tree as a full pull of the converted image.
+    cairn_ok(&full, &["pull", "-q", &esgz]);
+    let lazy_dump = cairn_ok(&lazy, &["dump", &via]);
+    let full_dump = cairn_ok(&full, &["dump", &esgz]);
+    assert_eq!(shape(&lazy_dump), shape(&full_dump));
+    for expected in [
+        "/etc/msg 34 100644",
+        "/bin/sh 7 120777",
+        "/usr/lib/new ",
+        "/stargz.index.json ",
+    ] {
+        assert!(lazy_dump.contains(expected), "{expected}:\n{lazy_dump}");
+    }
+    for gone in ["/etc/gone", "/usr/lib/old"] {
+        assert!(!lazy_dump.contains(gone), "{gone}:\n{lazy_dump}");
+    }
+
+    // The gzip original has neither an artifact nor TOCs: refused, and why.
+    let o = cairn_out(&lazy, &["pull", "--lazy", &plain]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("no eStargz table of contents"), "{err}");
+}
