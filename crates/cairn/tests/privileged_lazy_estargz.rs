@@ -186,3 +186,87 @@ fn privileged_lazy_estargz_pull_builds_the_tree_of_a_full_pull_from_the_tocs() {
     assert!(!o.status.success());
     assert!(err.contains("no eStargz table of contents"), "{err}");
 }
+
+/// The objects in a store.
+fn objects_in(root: &std::path::Path) -> usize {
+    std::fs::read_dir(root.join("objects"))
+        .map(|d| {
+            d.flatten()
+                .flat_map(|f| std::fs::read_dir(f.path()).unwrap().flatten())
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Waits (20 s at most) until the store's lazy servers are gone.
+fn wait_for_servers_gone(root: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let left: Vec<_> = std::fs::read_dir(root.join("lazy"))
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left in lazy/: {left:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn privileged_lazy_estargz_run_prints_what_a_full_run_prints() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test starts containerd and mounts: it must run as root"
+    );
+    let reg = LocalRegistry::start();
+    let ctd = Containerd::start();
+    let (_, esgz) = publish_estargz(&ctd, &reg);
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-esgz-run")
+        .tempdir()
+        .unwrap();
+    let (lazy, full) = (dir.path().join("lazy"), dir.path().join("full"));
+    cairn_ok(&full, &["pull", "-q", &esgz]);
+    let command = ["/bin/sh", "-c", "cat /etc/msg; ls /usr/lib; sha256sum /data/big"];
+    let mut args = vec!["run", esgz.as_str()];
+    args.extend(command);
+    let expected = cairn_ok(&full, &args);
+    assert!(expected.contains("upper layer") && expected.contains("new"), "{expected}");
+
+    let proxy = SlowProxy::start(&reg.addr, 64 << 10);
+    let via = esgz.replacen(&reg.addr, &proxy.addr, 1);
+    cairn_ok(&lazy, &["pull", "-q", "--lazy", &via]);
+    let mut args = vec!["run", "--lazy", "--lazy-fetch", "on-demand", via.as_str()];
+    args.extend(command);
+    let got = cairn_ok(&lazy, &args);
+    assert_eq!(got, expected);
+    wait_for_servers_gone(&lazy);
+    // busybox, /etc/msg and /data/big were read, stored under their
+    // fs-verity digests; nothing else.
+    assert_eq!(objects_in(&lazy), 3, "objects fetched");
+    let names = std::fs::read_dir(lazy.join("images"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with(".lazy-names"))
+        .expect("a .lazy-names file");
+    let names = std::fs::read_to_string(names.path()).unwrap();
+    assert_eq!(names.lines().count(), 3, "{names}");
+    assert_fsck_clean(&lazy, "after a lazy run of an eStargz image");
+    // Only the TOCs and what was read came over the wire (the layers
+    // hold 5 MiB of incompressible data, busybox about 1 MiB more).
+    let moved = proxy.bytes_down();
+    let blobs: u64 = (5 << 20) + 2_000_000;
+    assert!(moved < blobs + (256 << 10), "{moved} bytes moved");
+
+    // Again, with the files stored now: no fetch at all.
+    let before = proxy.bytes_down();
+    let mut args = vec!["run", "--lazy", "--lazy-fetch", "on-demand", via.as_str()];
+    args.extend(command);
+    assert_eq!(cairn_ok(&lazy, &args), expected);
+    wait_for_servers_gone(&lazy);
+    assert_eq!(proxy.bytes_down(), before, "a second run fetched again");
+}

@@ -47,6 +47,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cairn_store::{ObjectId, ObjectStager, Store};
+use sha2::{Digest as _, Sha256};
 
 use crate::partial::Partial;
 use crate::{FetchError, ObjectSource};
@@ -247,7 +248,7 @@ impl Fetcher {
     }
 
     fn submit(self: &Arc<Self>, id: &ObjectId, size: u64, waiter: Waiter, background: bool) {
-        if self.store.has_object(id) {
+        if crate::has_local(&self.store, &*self.source, id) {
             return waiter(Ok(()));
         }
         let mut state = self.state.lock().expect("fetch state lock");
@@ -430,10 +431,12 @@ impl Fetcher {
         let waiters = flight.waiters.lock().expect("flight lock").take();
         for (id, w) in waiters.into_iter().flatten() {
             let outcome = match &outcome {
-                Ok(()) if id != flight.id && !self.store.has_object(&id) => Err(format!(
-                    "object {id} was not published by the fetch of {} with its neighbours",
-                    flight.id
-                )),
+                Ok(()) if id != flight.id && !crate::has_local(&self.store, &*self.source, &id) => {
+                    Err(format!(
+                        "object {id} was not published by the fetch of {} with its neighbours",
+                        flight.id
+                    ))
+                }
                 o => o.clone(),
             };
             w(outcome);
@@ -451,7 +454,7 @@ impl Fetcher {
         let _lock = store
             .lock_shared()
             .map_err(|e| format!("fetching object {id}: {e}"))?;
-        if store.has_object(id) {
+        if crate::has_local(store, &*self.source, id) {
             return Ok(());
         }
         let mut group = self.source.group(store, id);
@@ -492,11 +495,13 @@ impl Fetcher {
         let stager = store
             .stage_object()
             .map_err(|e| format!("fetching object {id}: {e}"))?;
+        let foreign = self.source.foreign_names();
         let mut w = StagerWriter {
             stager,
             limit: size,
             abandoned,
             error: None,
+            sha256: foreign.then(Sha256::new),
         };
         let fetched = self.source.fetch(id, &mut w);
         if abandoned.load(Ordering::SeqCst) {
@@ -519,7 +524,12 @@ impl Fetcher {
             .stager
             .finish(store)
             .map_err(|e| format!("fetching object {id}: {e}"))?;
-        if staged.id() != *id {
+        if let Some(h) = w.sha256.take() {
+            let sha: [u8; 32] = h.finalize().into();
+            self.source
+                .accept(id, &sha, &staged.id())
+                .map_err(|e| format!("{e}; refused, nothing stored"))?;
+        } else if staged.id() != *id {
             return Err(format!(
                 "object {id}: the source sent {got} bytes whose fs-verity digest is {}; \
                  refused, nothing stored",
@@ -602,6 +612,8 @@ struct StagerWriter<'a> {
     /// The first failure, kept to say what it was (the source may swallow
     /// the io::Error we return).
     error: Option<String>,
+    /// For a source with foreign names: the sha256 of what was written.
+    sha256: Option<Sha256>,
 }
 
 impl io::Write for StagerWriter<'_> {
@@ -621,6 +633,9 @@ impl io::Write for StagerWriter<'_> {
             let msg = e.to_string();
             self.error.get_or_insert(msg.clone());
             return Err(io::Error::other(msg));
+        }
+        if let Some(h) = &mut self.sha256 {
+            h.update(buf);
         }
         Ok(buf.len())
     }
