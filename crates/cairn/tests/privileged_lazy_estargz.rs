@@ -231,11 +231,18 @@ fn privileged_lazy_estargz_run_prints_what_a_full_run_prints() {
         .unwrap();
     let (lazy, full) = (dir.path().join("lazy"), dir.path().join("full"));
     cairn_ok(&full, &["pull", "-q", &esgz]);
-    let command = ["/bin/sh", "-c", "cat /etc/msg; ls /usr/lib; sha256sum /data/big"];
+    let command = [
+        "/bin/sh",
+        "-c",
+        "cat /etc/msg; ls /usr/lib; sha256sum /data/big",
+    ];
     let mut args = vec!["run", esgz.as_str()];
     args.extend(command);
     let expected = cairn_ok(&full, &args);
-    assert!(expected.contains("upper layer") && expected.contains("new"), "{expected}");
+    assert!(
+        expected.contains("upper layer") && expected.contains("new"),
+        "{expected}"
+    );
 
     let proxy = SlowProxy::start(&reg.addr, 64 << 10);
     let via = esgz.replacen(&reg.addr, &proxy.addr, 1);
@@ -269,4 +276,104 @@ fn privileged_lazy_estargz_run_prints_what_a_full_run_prints() {
     assert_eq!(cairn_ok(&lazy, &args), expected);
     wait_for_servers_gone(&lazy);
     assert_eq!(proxy.bytes_down(), before, "a second run fetched again");
+}
+
+#[test]
+fn privileged_lazy_estargz_wrong_bytes_give_eio_and_are_not_stored() {
+    use std::sync::atomic::Ordering;
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test starts containerd and mounts: it must run as root"
+    );
+    let reg = LocalRegistry::start();
+    let ctd = Containerd::start();
+    let (_, esgz) = publish_estargz(&ctd, &reg);
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-esgz-bad")
+        .tempdir()
+        .unwrap();
+    let root = dir.path().join("store");
+    let proxy = support::range_proxy::RangeProxy::start(&reg.addr, std::time::Duration::ZERO);
+    let via = esgz.replacen(&reg.addr, &proxy.addr, 1);
+    cairn_ok(&root, &["pull", "-q", "--lazy", &via]);
+    let target = dir.path().join("mnt");
+    std::fs::create_dir_all(&target).unwrap();
+    proxy.corrupt.store(true, Ordering::SeqCst);
+    cairn_ok(
+        &root,
+        &[
+            "mount",
+            "--lazy",
+            "--lazy-fetch",
+            "on-demand",
+            &via,
+            target.to_str().unwrap(),
+        ],
+    );
+    // A file of one chunk and one of two: EIO, nothing stored. (The proxy
+    // flips a byte in the middle of each range; for a tiny file that is
+    // past its contents, in the tar padding and next header that share
+    // its gzip member, which are never read.)
+    for f in ["bin/busybox", "data/big"] {
+        let err = std::fs::read(target.join(f)).expect_err("wrong bytes were served");
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{f}: {err}");
+    }
+    assert_eq!(objects_in(&root), 0, "wrong bytes were stored");
+    // The registry serves right again: the same files read.
+    proxy.corrupt.store(false, Ordering::SeqCst);
+    assert_eq!(
+        std::fs::read(target.join("bin/busybox")).unwrap(),
+        std::fs::read("/bin/busybox").unwrap()
+    );
+    assert_eq!(
+        std::fs::read(target.join("data/big")).unwrap().len(),
+        5 << 20
+    );
+    let out = cairn_out(&root, &["umount", target.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for_servers_gone_or_log(&root);
+    // The server's log (kept: fetches failed) names the file, the chunk
+    // and the blob.
+    let mut log = String::new();
+    for e in std::fs::read_dir(root.join("lazy")).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "log") {
+            log.push_str(&std::fs::read_to_string(e.path()).unwrap());
+        }
+    }
+    let big: [u8; 32] =
+        <sha2::Sha256 as sha2::Digest>::digest(support::images::random_bytes(5 << 20, 7)).into();
+    let big = hex::encode(big);
+    assert!(
+        log.contains(&format!("sha256:{big} (chunk ")) && log.contains("from blob sha256:"),
+        "{log}"
+    );
+    assert_fsck_clean(&root, "after wrong bytes");
+}
+
+/// Waits (20 s at most) until no lazy server of the store runs (its log
+/// may stay).
+fn wait_for_servers_gone_or_log(root: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let left: Vec<_> = std::fs::read_dir(root.join("lazy"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !n.ends_with(".log"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left in lazy/: {left:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }

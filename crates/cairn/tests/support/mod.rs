@@ -13,6 +13,7 @@ pub mod registry;
 pub mod containerd;
 pub mod images;
 pub mod proxy;
+pub mod range_proxy;
 
 use std::ffi::OsStr;
 use std::fs;
