@@ -180,6 +180,27 @@ fn privileged_lazy_estargz_pull_builds_the_tree_of_a_full_pull_from_the_tocs() {
         assert!(!lazy_dump.contains(gone), "{gone}:\n{lazy_dump}");
     }
 
+    // `cairn fetch` completes it: its layers pulled whole, the image a
+    // full pull makes, named as the lazy one was.
+    let out = cairn_ok(&lazy, &["--json", "fetch", &via]);
+    let fetched: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let full_digest =
+        serde_json::from_str::<serde_json::Value>(&cairn_ok(&full, &["--json", "inspect", &esgz]))
+            .unwrap()["digest"]
+            .clone();
+    assert_eq!(fetched["completed_as"], full_digest, "{fetched:#}");
+    assert_eq!(cairn_ok(&lazy, &["dump", &via]), full_dump);
+    cairn_ok(&lazy, &["gc"]);
+    assert_fsck_clean(&lazy, "after cairn fetch of an eStargz image");
+    // (gc removes the nameless lazy image unless a mount of it, in any
+    // store, is live.)
+    let table = cairn_ok(&lazy, &["images"]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&via))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(!row.contains("(incomplete)"), "{table}");
+
     // The gzip original has neither an artifact nor TOCs: refused, and why.
     let o = cairn_out(&lazy, &["pull", "--lazy", &plain]);
     let err = String::from_utf8_lossy(&o.stderr);

@@ -349,3 +349,35 @@ impl EstargzObjects {
         &self.order
     }
 }
+
+/// Completes the incomplete eStargz image `image_digest` (whose record's
+/// lazy source is `lazy`): an ordinary pull of the image by its manifest
+/// digest (each eStargz layer is a valid gzip tar), which imports the
+/// layers and builds the image named by fs-verity digests; then every
+/// name of the lazy image names that one, and the lazy image, nameless,
+/// goes at the next gc. Returns the complete image's digest. The caller
+/// holds the store lock shared.
+pub(crate) fn complete(
+    store: &Store,
+    image_digest: &str,
+    lazy: &cairn_store::LazySource,
+    opts: &crate::FetchOptions,
+) -> Result<String, RemoteError> {
+    let r = ImageRef::parse(&format!(
+        "{}/{}@{}",
+        lazy.registry, lazy.repository, lazy.artifact_digest
+    ))?;
+    let pull_opts = cairn_oci::PullOptions {
+        client: opts.client.clone(),
+        jobs: opts.jobs.max(1),
+        ..cairn_oci::PullOptions::default()
+    };
+    let quiet = |_: &cairn_oci::PullEvent<'_>| {};
+    let report = cairn_oci::pull(store, &r, &pull_opts, &quiet)?;
+    for (name, digest) in store.list_refs()? {
+        if digest == image_digest {
+            store.set_ref(&name, &report.image_digest)?;
+        }
+    }
+    Ok(report.image_digest)
+}
