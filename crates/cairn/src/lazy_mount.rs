@@ -855,6 +855,17 @@ fn background(
             order.push(id);
         }
     }
+    if let Remote::Estargz(_) = &source.remote {
+        // The TOCs list files that upper layers delete: only what the
+        // image uses.
+        match store.image_contents(digest) {
+            Ok(c) => order.retain(|id| c.objects.contains_key(id)),
+            Err(e) => {
+                eprintln!("cairn lazy layer for image {digest}: no background fetch: {e}");
+                return;
+            }
+        }
+    }
     let local = |id: &ObjectId| source.local_id(id).is_some_and(|l| store.has_object(&l));
     drop(seen);
     let next = AtomicUsize::new(0);

@@ -297,6 +297,38 @@ fn privileged_lazy_estargz_run_prints_what_a_full_run_prints() {
     assert_eq!(cairn_ok(&lazy, &args), expected);
     wait_for_servers_gone(&lazy);
     assert_eq!(proxy.bytes_down(), before, "a second run fetched again");
+
+    // A lazy mount with the background fetch: every file of the image
+    // (not the ones an upper layer deletes) ends up stored.
+    let target = dir.path().join("mnt");
+    std::fs::create_dir_all(&target).unwrap();
+    cairn_ok(&lazy, &["mount", "--lazy", &via, target.to_str().unwrap()]);
+    let image = cairn_ok(&lazy, &["dump", &via]);
+    let files = image
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.len() > 8 && f[2].starts_with("10") && f[8] != "-"
+        })
+        .count();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while objects_in(&lazy) < files {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background fetch stored {} of {files} files",
+            objects_in(&lazy)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(objects_in(&lazy), files);
+    let out = cairn_out(&lazy, &["umount", target.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for_servers_gone(&lazy);
+    assert_fsck_clean(&lazy, "after the background fetch");
 }
 
 #[test]

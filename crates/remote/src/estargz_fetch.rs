@@ -189,6 +189,7 @@ impl EstargzObjects {
                 });
             }
             let sha: [u8; 32] = Sha256::digest(&s.json).into();
+            order.push(ObjectId(sha));
             files.insert(
                 ObjectId(sha),
                 File {
@@ -344,7 +345,8 @@ impl EstargzObjects {
         &self.prefetch
     }
 
-    /// Every file with contents, layer by layer in TOC order.
+    /// Every file with contents, layer by layer in TOC order (each
+    /// layer's TOC file last), including files an upper layer deletes.
     pub fn all_files(&self) -> &[ObjectId] {
         &self.order
     }
