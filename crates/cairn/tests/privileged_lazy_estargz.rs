@@ -26,8 +26,8 @@ fn gzip(tar: &[u8]) -> Vec<u8> {
 }
 
 /// An OCI archive (what `ctr image import` reads) of a two-layer image
-/// named `name`.
-fn archive(name: &str) -> Vec<u8> {
+/// named `name`, and its manifest's digest.
+fn archive(name: &str) -> (Vec<u8>, String) {
     let mut l1 = Tar::default();
     l1.dir("bin")
         .file_mode(
@@ -88,7 +88,7 @@ fn archive(name: &str) -> Vec<u8> {
             b,
         );
     }
-    a.finish()
+    (a.finish(), sha256(&manifest))
 }
 
 /// `cairn dump` with what differs by design between a lazy eStargz pull
@@ -110,21 +110,76 @@ fn shape(dump: &str) -> String {
         .join("\n")
 }
 
-/// Imports the test image into `ctd`, converts it with ctr-remote and
-/// pushes both to `reg`; returns (plain, estargz) references.
+/// Imports the test image into `ctd`, converts it with ctr-remote (with a
+/// record of what it "reads" first: `/bin/busybox` of the lower layer and
+/// `/etc/msg` of the upper one, which `ctr-remote` puts before each
+/// layer's prefetch landmark) and pushes both to `reg`; returns (plain,
+/// estargz) references.
 pub fn publish_estargz(ctd: &Containerd, reg: &LocalRegistry) -> (String, String) {
     let plain = reg.reference("stargz/img:plain");
     let esgz = reg.reference("stargz/img:esgz");
     let path = ctd.dir().join("image.tar");
-    std::fs::write(&path, archive(&plain)).unwrap();
+    let (bytes, manifest) = archive(&plain);
+    std::fs::write(&path, bytes).unwrap();
+    let record = ctd.dir().join("record.json");
+    std::fs::write(
+        &record,
+        format!(
+            "{{\"path\":\"bin/busybox\",\"manifestDigest\":\"{manifest}\",\"layerIndex\":0}}\n\
+             {{\"path\":\"etc/msg\",\"manifestDigest\":\"{manifest}\",\"layerIndex\":1}}\n"
+        ),
+    )
+    .unwrap();
     ctd.ok("ctr", &["image", "import", path.to_str().unwrap()]);
     ctd.ok(
         "ctr-remote",
-        &["image", "convert", "--estargz", "--oci", &plain, &esgz],
+        &[
+            "image",
+            "convert",
+            "--estargz",
+            "--oci",
+            "--estargz-record-in",
+            record.to_str().unwrap(),
+            &plain,
+            &esgz,
+        ],
     );
     ctd.ok("ctr", &["image", "push", "--plain-http", &plain]);
     ctd.ok("ctr", &["image", "push", "--plain-http", &esgz]);
     (plain, esgz)
+}
+
+/// (layer, name) → the offset of the first chunk's gzip member, from the
+/// TOCs a lazy pull kept (`images/*.lazy-index`, docs/lazy-format.md).
+fn toc_offsets(root: &std::path::Path) -> std::collections::BTreeMap<(usize, String), u64> {
+    let path = std::fs::read_dir(root.join("images"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with(".lazy-index"))
+        .expect("a .lazy-index file")
+        .path();
+    let b = std::fs::read(path).unwrap();
+    assert_eq!(&b[..8], b"CAIRNSGZ");
+    let n = u32::from_le_bytes(b[12..16].try_into().unwrap()) as usize;
+    let mut at = 16;
+    let mut out = std::collections::BTreeMap::new();
+    for layer in 0..n {
+        let len = u64::from_le_bytes(b[at + 28..at + 36].try_into().unwrap()) as usize;
+        let json: serde_json::Value = serde_json::from_slice(&b[at + 36..at + 36 + len]).unwrap();
+        for e in json["entries"].as_array().unwrap() {
+            if e["type"] == "reg" && e["offset"].as_u64().is_some() {
+                let name = e["name"].as_str().unwrap().to_string();
+                out.insert((layer, name), e["offset"].as_u64().unwrap());
+            }
+        }
+        at += 36 + len;
+    }
+    out
+}
+
+/// The sha256 (hex) of `data`.
+fn sha_hex(data: &[u8]) -> String {
+    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(data))
 }
 
 #[test]
@@ -179,6 +234,68 @@ fn privileged_lazy_estargz_pull_builds_the_tree_of_a_full_pull_from_the_tocs() {
     for gone in ["/etc/gone", "/usr/lib/old"] {
         assert!(!lazy_dump.contains(gone), "{gone}:\n{lazy_dump}");
     }
+
+    // A lazy mount with the background fetch (another store, pulled
+    // through a proxy that records ranges): every file of the image (not
+    // the ones an upper layer deletes) ends up stored, the files before
+    // the layers' prefetch landmarks first.
+    let bg = dir.path().join("bg");
+    let ranges = support::range_proxy::RangeProxy::start(&reg.addr, std::time::Duration::ZERO);
+    let via_ranges = esgz.replacen(&reg.addr, &ranges.addr, 1);
+    cairn_ok(&bg, &["pull", "-q", "--lazy", &via_ranges]);
+    let before = ranges.blob_ranges().len();
+    let target = dir.path().join("mnt");
+    std::fs::create_dir_all(&target).unwrap();
+    cairn_ok(
+        &bg,
+        &["mount", "--lazy", &via_ranges, target.to_str().unwrap()],
+    );
+    let files = lazy_dump
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.len() > 8 && f[2].starts_with("10") && f[8] != "-"
+        })
+        .count();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while objects_in(&bg) < files {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background fetch stored {} of {files} files",
+            objects_in(&bg)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = cairn_out(&bg, &["umount", target.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for_servers_gone(&bg);
+    assert_fsck_clean(&bg, "after the background fetch");
+    // Two fetches at a time: the first two requests are busybox's and
+    // /etc/msg's chunks (the TOCs say where their members start).
+    let offsets = toc_offsets(&bg);
+    let first: std::collections::BTreeSet<u64> = ranges.blob_ranges()[before..]
+        .iter()
+        .take(2)
+        .map(|(_, r)| {
+            r.trim_start_matches("bytes=")
+                .split('-')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let want: std::collections::BTreeSet<u64> = [
+        offsets[&(0, "bin/busybox".to_string())],
+        offsets[&(1, "etc/msg".to_string())],
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(first, want, "{:?}", ranges.blob_ranges());
 
     // `cairn fetch` completes it: its layers pulled whole, the image a
     // full pull makes, named as the lazy one was.
@@ -297,38 +414,6 @@ fn privileged_lazy_estargz_run_prints_what_a_full_run_prints() {
     assert_eq!(cairn_ok(&lazy, &args), expected);
     wait_for_servers_gone(&lazy);
     assert_eq!(proxy.bytes_down(), before, "a second run fetched again");
-
-    // A lazy mount with the background fetch: every file of the image
-    // (not the ones an upper layer deletes) ends up stored.
-    let target = dir.path().join("mnt");
-    std::fs::create_dir_all(&target).unwrap();
-    cairn_ok(&lazy, &["mount", "--lazy", &via, target.to_str().unwrap()]);
-    let image = cairn_ok(&lazy, &["dump", &via]);
-    let files = image
-        .lines()
-        .filter(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            f.len() > 8 && f[2].starts_with("10") && f[8] != "-"
-        })
-        .count();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while objects_in(&lazy) < files {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the background fetch stored {} of {files} files",
-            objects_in(&lazy)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert_eq!(objects_in(&lazy), files);
-    let out = cairn_out(&lazy, &["umount", target.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    wait_for_servers_gone(&lazy);
-    assert_fsck_clean(&lazy, "after the background fetch");
 }
 
 #[test]
@@ -397,9 +482,7 @@ fn privileged_lazy_estargz_wrong_bytes_give_eio_and_are_not_stored() {
             log.push_str(&std::fs::read_to_string(e.path()).unwrap());
         }
     }
-    let big: [u8; 32] =
-        <sha2::Sha256 as sha2::Digest>::digest(support::images::random_bytes(5 << 20, 7)).into();
-    let big = hex::encode(big);
+    let big = sha_hex(&support::images::random_bytes(5 << 20, 7));
     assert!(
         log.contains(&format!("sha256:{big} (chunk ")) && log.contains("from blob sha256:"),
         "{log}"
