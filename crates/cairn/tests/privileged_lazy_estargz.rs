@@ -1,13 +1,24 @@
 //! eStargz images made by stargz-snapshotter's own converter, started
-//! lazily by cairn: a two-layer image (busybox, symlinks, a hard link,
-//! whiteouts, an opaque directory, a large file) is imported into Debian's
-//! containerd 1.6, converted with `ctr-remote image convert --estargz
-//! --oci`, pushed with `ctr image push` to docker-registry on 127.0.0.1,
-//! and `cairn pull --lazy` builds its metadata from the layers' TOCs
-//! alone: the same tree as a full `cairn pull` of the same image (file
-//! contents named by sha256 instead of fs-verity digest), with only the
-//! manifests, config and TOCs fetched (counted by a proxy). The plain
-//! gzip original is refused with its reason. Runs as root (containerd).
+//! lazily by cairn. A two-layer image (busybox, symlinks, a hard link,
+//! whiteouts, an opaque directory, a 5 MiB file) is imported into Debian's
+//! containerd 1.6 (`support::containerd`), converted with `ctr-remote
+//! image convert --estargz --oci --estargz-record-in` (so each layer has a
+//! prefetch landmark), pushed with `ctr image push` to docker-registry on
+//! 127.0.0.1. Then:
+//!
+//! - `cairn pull --lazy` builds the metadata from the TOCs alone: the tree
+//!   of a full `cairn pull` (contents named by sha256), only manifests,
+//!   config and TOCs fetched (a counting proxy); a lazy mount's background
+//!   fetch asks for the landmark's files first and stores every file;
+//!   `cairn fetch` completes it into the full pull's image; the plain gzip
+//!   original is refused with its reason;
+//! - `cairn run --lazy` prints what `cairn run` prints, fetching only
+//!   what was read; a second run fetches nothing;
+//! - a registry that flips bytes gives EIO, stores nothing, and the log
+//!   names the file, the chunk and the blob; after `cairn lazy restart` the
+//!   successor serves what its predecessor stored.
+//!
+//! Runs as root (containerd, mounts).
 
 mod support;
 
@@ -417,7 +428,7 @@ fn privileged_lazy_estargz_run_prints_what_a_full_run_prints() {
 }
 
 #[test]
-fn privileged_lazy_estargz_wrong_bytes_give_eio_and_are_not_stored() {
+fn privileged_lazy_estargz_wrong_bytes_give_eio_and_a_successor_finds_stored_files() {
     use std::sync::atomic::Ordering;
     assert!(
         rustix::process::geteuid().is_root(),
@@ -457,24 +468,7 @@ fn privileged_lazy_estargz_wrong_bytes_give_eio_and_are_not_stored() {
         assert_eq!(err.raw_os_error(), Some(libc::EIO), "{f}: {err}");
     }
     assert_eq!(objects_in(&root), 0, "wrong bytes were stored");
-    // The registry serves right again: the same files read.
-    proxy.corrupt.store(false, Ordering::SeqCst);
-    assert_eq!(
-        std::fs::read(target.join("bin/busybox")).unwrap(),
-        std::fs::read("/bin/busybox").unwrap()
-    );
-    assert_eq!(
-        std::fs::read(target.join("data/big")).unwrap().len(),
-        5 << 20
-    );
-    let out = cairn_out(&root, &["umount", target.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    wait_for_servers_gone_or_log(&root);
-    // The server's log (kept: fetches failed) names the file, the chunk
+    // The server's log names the file, the chunk
     // and the blob.
     let mut log = String::new();
     for e in std::fs::read_dir(root.join("lazy")).unwrap().flatten() {
@@ -487,6 +481,61 @@ fn privileged_lazy_estargz_wrong_bytes_give_eio_and_are_not_stored() {
         log.contains(&format!("sha256:{big} (chunk ")) && log.contains("from blob sha256:"),
         "{log}"
     );
+    assert!(log.contains("EIO"), "{log}");
+    // The registry serves right again: the same files read.
+    proxy.corrupt.store(false, Ordering::SeqCst);
+    assert_eq!(
+        std::fs::read(target.join("bin/busybox")).unwrap(),
+        std::fs::read("/bin/busybox").unwrap()
+    );
+    assert_eq!(
+        std::fs::read(target.join("data/big")).unwrap().len(),
+        5 << 20
+    );
+
+    // A successor server (docs/lazy-fuse.md) finds what its predecessor
+    // stored under fs-verity names (through images/<digest>.lazy-names):
+    // a handle opened before the restart reads on, stored files are
+    // served without a fetch, a new file is fetched.
+    use std::os::unix::fs::FileExt;
+    let held = std::fs::File::open(target.join("bin/busybox")).unwrap();
+    let out = cairn_ok(&root, &["lazy", "restart", "all"]);
+    assert!(out.contains("restarted"), "{out}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let list: serde_json::Value =
+            serde_json::from_str(&cairn_ok(&root, &["--json", "lazy", "list"])).unwrap();
+        if list[0]["restarts"] == 1 && list[0]["worker"].as_u64().is_some() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no successor: {list}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let ranges = proxy.blob_ranges().len();
+    let mut head = [0u8; 4];
+    held.read_exact_at(&mut head, 0).unwrap();
+    assert_eq!(&head, b"\x7fELF");
+    assert_eq!(
+        std::fs::read(target.join("data/big")).unwrap().len(),
+        5 << 20
+    );
+    assert_eq!(
+        proxy.blob_ranges().len(),
+        ranges,
+        "stored files fetched again"
+    );
+    assert_eq!(
+        std::fs::read(target.join("etc/msg")).unwrap(),
+        b"hello again, from the upper layer\n"
+    );
+    drop(held);
+    let out = cairn_out(&root, &["umount", target.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for_servers_gone_or_log(&root);
     assert_fsck_clean(&root, "after wrong bytes");
 }
 
