@@ -285,6 +285,9 @@ fn privileged_lazy_estargz_pull_builds_the_tree_of_a_full_pull_from_the_tocs() {
     );
     wait_for_servers_gone(&bg);
     assert_fsck_clean(&bg, "after the background fetch");
+    // gc keeps what the lazy layer stored (images/<digest>.lazy-names).
+    cairn_ok(&bg, &["gc"]);
+    assert_eq!(objects_in(&bg), files, "gc removed stored files");
     // Two fetches at a time: the first two requests are busybox's and
     // /etc/msg's chunks (the TOCs say where their members start).
     let offsets = toc_offsets(&bg);

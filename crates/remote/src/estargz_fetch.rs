@@ -70,13 +70,6 @@ impl std::fmt::Debug for EstargzObjects {
     }
 }
 
-/// `images/<digest>.lazy-names` of the store.
-pub fn names_path(store: &Store, image_digest: &str) -> PathBuf {
-    store
-        .lazy_index_path(image_digest)
-        .with_extension("lazy-names")
-}
-
 fn parse_names(text: &str) -> HashMap<ObjectId, ObjectId> {
     let mut out = HashMap::new();
     for line in text.lines() {
@@ -199,7 +192,7 @@ impl EstargzObjects {
             );
             tocs.push(s.json);
         }
-        let names_path = names_path(store, image_digest);
+        let names_path = store.lazy_names_path(image_digest);
         let names = parse_names(&std::fs::read_to_string(&names_path).unwrap_or_default());
         let r = ImageRef::parse(&format!("{}/{}", lazy.registry, lazy.repository))?;
         Ok(EstargzObjects {

@@ -279,7 +279,7 @@ impl Store {
         vec![
             self.image_record_path(digest),
             self.lazy_index_path(digest),
-            self.lazy_index_path(digest).with_extension("lazy-names"),
+            self.lazy_names_path(digest),
         ]
     }
 

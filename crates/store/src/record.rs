@@ -766,6 +766,31 @@ impl Store {
         self.images_dir().join(format!("{digest}.lazy-index"))
     }
 
+    /// `images/<digest>.lazy-names`: for an incomplete eStargz image, the
+    /// files its lazy layer stored, one `<sha256 hex> <object id>` line
+    /// each (docs/lazy-format.md). Goes with the image.
+    pub fn lazy_names_path(&self, digest: &str) -> PathBuf {
+        debug_assert!(is_image_digest(digest), "bad image digest {digest:?}");
+        self.images_dir().join(format!("{digest}.lazy-names"))
+    }
+
+    /// The objects an image's lazy-names file names (none without one;
+    /// lines that are not two ids are skipped). gc keeps them with the
+    /// image.
+    pub(crate) fn lazy_named_objects(&self, digest: &str) -> Vec<crate::ObjectId> {
+        let Ok(text) = fs::read_to_string(self.lazy_names_path(digest)) else {
+            return Vec::new();
+        };
+        text.lines()
+            .filter_map(|l| {
+                let (_, id) = l.split_once(' ')?;
+                let mut raw = [0u8; 32];
+                hex::decode_to_slice(id, &mut raw).ok()?;
+                Some(crate::ObjectId(raw))
+            })
+            .collect()
+    }
+
     /// Writes (or replaces) the lazy index of an image that is in the
     /// store: staged, synced, renamed. Written before the record that
     /// names it.
