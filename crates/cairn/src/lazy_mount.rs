@@ -52,7 +52,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use cairn_fuse::{FetchError, ObjectSource, ServeOptions};
-use cairn_remote::RemoteObjects;
+use cairn_remote::{EstargzObjects, RemoteObjects};
 use cairn_store::{ObjectId, StagedObject, Store};
 
 /// What is fetched besides what is opened.
@@ -128,33 +128,61 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// chunked object's requests one after another).
 const BACKGROUND_JOBS: usize = 2;
 
-/// The image's lazy artifact as the FUSE layer's source of objects: one
-/// object streamed whole, or a run of neighbours of one pack in one range
-/// request of at most `coalesce` bytes.
+/// Where an incomplete image's objects come from: its cairn artifact, or
+/// (an eStargz image pulled through its TOCs) its layer blobs.
+enum Remote {
+    Artifact(RemoteObjects),
+    Estargz(EstargzObjects),
+}
+
+impl Remote {
+    /// Opens the lazy source of the store's incomplete image `digest`.
+    fn open(
+        store: &Store,
+        digest: &str,
+        client: &cairn_oci::ClientOptions,
+    ) -> Result<Remote, cairn_remote::RemoteError> {
+        if EstargzObjects::is_estargz(store, digest) {
+            EstargzObjects::open(store, digest, client).map(Remote::Estargz)
+        } else {
+            RemoteObjects::open(store, digest, client).map(Remote::Artifact)
+        }
+    }
+}
+
+/// The image's lazy source as the FUSE layer's source of objects: for a
+/// cairn artifact, one object streamed whole, or a run of neighbours of
+/// one pack in one range request of at most `coalesce` bytes; for an
+/// eStargz image, a file chunk by chunk (each chunk checked against its
+/// TOC digest), named by its sha256 and stored under its fs-verity digest.
 struct RemoteSource {
-    remote: RemoteObjects,
+    remote: Remote,
     coalesce: u64,
 }
 
 impl ObjectSource for RemoteSource {
     fn size(&self, id: &ObjectId) -> Option<u64> {
-        self.remote.size(id)
+        match &self.remote {
+            Remote::Artifact(r) => r.size(id),
+            Remote::Estargz(e) => e.size(id),
+        }
     }
 
     fn fetch(&self, id: &ObjectId, out: &mut dyn Write) -> Result<(), FetchError> {
-        self.remote
-            .fetch(id, out)
-            .map(|_| ())
-            .map_err(|e| FetchError::Other(e.to_string()))
+        match &self.remote {
+            Remote::Artifact(r) => r.fetch(id, out).map(|_| ()),
+            Remote::Estargz(e) => e.fetch(id, out),
+        }
+        .map_err(|e| FetchError::Other(e.to_string()))
     }
 
     fn group(&self, store: &Store, id: &ObjectId) -> Vec<ObjectId> {
-        if self.coalesce == 0 {
-            return vec![*id];
+        match &self.remote {
+            Remote::Artifact(r) if self.coalesce > 0 => r
+                .neighbours(store, id, self.coalesce)
+                .unwrap_or_else(|_| vec![*id]),
+            _ => vec![*id],
         }
-        self.remote
-            .neighbours(store, id, self.coalesce)
-            .unwrap_or_else(|_| vec![*id])
     }
 
     fn stage_group(
@@ -162,22 +190,50 @@ impl ObjectSource for RemoteSource {
         store: &Store,
         group: &[ObjectId],
     ) -> Option<Result<Vec<StagedObject>, FetchError>> {
-        Some(
-            self.remote
-                .stage_run(store, group)
-                .map_err(|e| FetchError::Other(e.to_string())),
-        )
+        match &self.remote {
+            Remote::Artifact(r) => Some(
+                r.stage_run(store, group)
+                    .map_err(|e| FetchError::Other(e.to_string())),
+            ),
+            Remote::Estargz(_) => None,
+        }
     }
 
     fn chunks(&self, id: &ObjectId) -> Option<Vec<u64>> {
-        self.remote.chunk_starts(id)
+        match &self.remote {
+            Remote::Artifact(r) => r.chunk_starts(id),
+            Remote::Estargz(e) => e.chunk_starts(id),
+        }
     }
 
     fn fetch_chunk(&self, id: &ObjectId, k: usize) -> Result<Vec<u8>, FetchError> {
-        match self.remote.fetch_chunk(id, k) {
-            Ok(Some(data)) => Ok(data),
-            Ok(None) => Err(FetchError::Other(format!("object {id} has no chunk {k}"))),
-            Err(e) => Err(FetchError::Other(e.to_string())),
+        match &self.remote {
+            Remote::Artifact(r) => match r.fetch_chunk(id, k) {
+                Ok(Some(data)) => Ok(data),
+                Ok(None) => Err(FetchError::Other(format!("object {id} has no chunk {k}"))),
+                Err(e) => Err(FetchError::Other(e.to_string())),
+            },
+            Remote::Estargz(e) => e
+                .fetch_chunk(id, k)
+                .map_err(|e| FetchError::Other(e.to_string())),
+        }
+    }
+
+    fn foreign_names(&self) -> bool {
+        matches!(self.remote, Remote::Estargz(_))
+    }
+
+    fn local_id(&self, id: &ObjectId) -> Option<ObjectId> {
+        match &self.remote {
+            Remote::Artifact(_) => Some(*id),
+            Remote::Estargz(e) => e.local_id(id),
+        }
+    }
+
+    fn accept(&self, id: &ObjectId, sha256: &[u8; 32], stored: &ObjectId) -> Result<(), String> {
+        match &self.remote {
+            Remote::Artifact(_) => Err(format!("object {id}: named by its fs-verity digest")),
+            Remote::Estargz(e) => e.accept(id, sha256, stored),
         }
     }
 }
@@ -210,7 +266,7 @@ impl LazyLayer {
         // up on an idle connection after `--fetch-timeout` at most.
         let mut server_client = client.clone();
         server_client.read_timeout = server_client.read_timeout.min(lazy.fetch_timeout);
-        let remote = RemoteObjects::open(&store, digest, &server_client)
+        let remote = Remote::open(&store, digest, &server_client)
             .with_context(|| format!("opening the lazy source of image {digest}"))?;
         let mut lazy_args = lazy.clone();
         if let Some(f) = &lazy_args.record_prefetch {
@@ -394,7 +450,7 @@ struct Settings {
 struct Served {
     /// Taken by each worker (a fork: the supervisor's copy stays).
     store: Option<Store>,
-    remote: Option<RemoteObjects>,
+    remote: Option<Remote>,
     /// The FUSE mountpoint (detached once the overlay stands on it).
     dir: PathBuf,
     log_path: PathBuf,
@@ -806,21 +862,38 @@ fn background(
     client: &cairn_oci::ClientOptions,
 ) {
     const ATTEMPTS: u32 = 8;
-    let mut order = match source.remote.prefetch_list() {
-        Ok(list) => list,
-        Err(e) => {
-            eprintln!(
-                "cairn lazy layer for image {digest}: the prefetch list: {e}; going on without it"
-            );
-            Vec::new()
-        }
+    let (mut order, rest) = match &source.remote {
+        Remote::Artifact(r) => match r.prefetch_list() {
+            Ok(list) => (list, r.pack_order()),
+            Err(e) => {
+                eprintln!(
+                    "cairn lazy layer for image {digest}: the prefetch list: {e}; going on \
+                     without it"
+                );
+                (Vec::new(), r.pack_order())
+            }
+        },
+        // The files before each layer's prefetch landmark first.
+        Remote::Estargz(e) => (e.prefetch_order().to_vec(), e.all_files().to_vec()),
     };
     let mut seen: std::collections::HashSet<ObjectId> = order.iter().copied().collect();
-    for id in source.remote.pack_order() {
+    for id in rest {
         if seen.insert(id) {
             order.push(id);
         }
     }
+    if let Remote::Estargz(_) = &source.remote {
+        // The TOCs list files that upper layers delete: only what the
+        // image uses.
+        match store.image_contents(digest) {
+            Ok(c) => order.retain(|id| c.objects.contains_key(id)),
+            Err(e) => {
+                eprintln!("cairn lazy layer for image {digest}: no background fetch: {e}");
+                return;
+            }
+        }
+    }
+    let local = |id: &ObjectId| source.local_id(id).is_some_and(|l| store.has_object(&l));
     drop(seen);
     let next = AtomicUsize::new(0);
     let given_up = AtomicUsize::new(0);
@@ -833,7 +906,7 @@ fn background(
         };
         let mut wait = Duration::from_secs(1);
         for attempt in 1..=ATTEMPTS {
-            if store.has_object(id) || bg.stopped() {
+            if local(id) || bg.stopped() {
                 break;
             }
             match bg.fetch(id) {
@@ -866,12 +939,19 @@ fn background(
     if bg.stopped() {
         return;
     }
-    let missing = order.iter().filter(|id| !store.has_object(id)).count();
+    let missing = order.iter().filter(|id| !local(id)).count();
     if missing > 0 {
         eprintln!(
             "cairn lazy layer for image {digest}: background fetch done; {missing} objects still \
              missing ({} given up on); the image stays incomplete",
             given_up.load(Ordering::Relaxed)
+        );
+        return;
+    }
+    if let Remote::Estargz(_) = source.remote {
+        eprintln!(
+            "cairn lazy layer for image {digest}: every file is local; `cairn fetch` completes \
+             the image"
         );
         return;
     }
@@ -1240,7 +1320,7 @@ fn lazy_worker() -> Result<i32> {
     };
     let mut server_client = client.clone();
     server_client.read_timeout = server_client.read_timeout.min(fetch_timeout);
-    let remote = match RemoteObjects::open(&store, &spec.digest, &server_client) {
+    let remote = match Remote::open(&store, &spec.digest, &server_client) {
         Ok(r) => Some(r),
         Err(e) => {
             eprintln!(

@@ -48,6 +48,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cairn_store::{ObjectId, ObjectStager, StagedObject, Store};
+use sha2::{Digest as _, Sha256};
 
 use crate::partial::Partial;
 use crate::{FetchError, ObjectSource};
@@ -260,7 +261,7 @@ impl Fetcher {
             self.counters.staged_opens.fetch_add(1, Ordering::Relaxed);
             return Ok(f);
         }
-        File::open(self.store.object_path(id))
+        File::open(crate::local_path(&self.store, &*self.source, id))
     }
 
     /// Whether `id` can be opened: in the store, or checked and being
@@ -270,7 +271,7 @@ impl Fetcher {
             .lock()
             .expect("verified lock")
             .contains_key(id)
-            || self.store.has_object(id)
+            || crate::has_local(&self.store, &*self.source, id)
     }
 
     /// Waits (at most `limit`) until no object whose opens were answered
@@ -284,7 +285,8 @@ impl Fetcher {
     /// Waits (at most `limit`) until `id` no longer awaits its
     /// publication; then whether it is in the store.
     pub fn wait_stored(&self, id: &ObjectId, limit: Duration) -> bool {
-        self.wait_verified_gone(limit, |v| !v.contains_key(id)) && self.store.has_object(id)
+        self.wait_verified_gone(limit, |v| !v.contains_key(id))
+            && crate::has_local(&self.store, &*self.source, id)
     }
 
     fn wait_verified_gone(
@@ -508,20 +510,24 @@ impl Fetcher {
     /// that are, or that are in the store: their opens are answered
     /// before the publication's syncs. Waiters of other objects stay on
     /// the flight. Returns the ids entered in the table.
-    fn answer_early(&self, flight: &Arc<Flight>, staged: &[StagedObject]) -> Vec<ObjectId> {
+    fn answer_early(
+        &self,
+        flight: &Arc<Flight>,
+        staged: &[(ObjectId, StagedObject)],
+    ) -> Vec<ObjectId> {
         let mut entered = Vec::new();
-        for s in staged {
+        for (name, s) in staged {
             match s.open_staged() {
                 None => {}
                 Some(Ok(f)) => {
                     self.verified
                         .lock()
                         .expect("verified lock")
-                        .insert(s.id(), Arc::new(f));
-                    entered.push(s.id());
+                        .insert(*name, Arc::new(f));
+                    entered.push(*name);
                 }
                 // Not fatal: its opens wait for the publication instead.
-                Some(Err(e)) => tracing::debug!(object = %s.id(), "{e}"),
+                Some(Err(e)) => tracing::debug!(object = %name, "{e}"),
             }
         }
         let ready: Vec<(ObjectId, Waiter)> = {
@@ -577,7 +583,7 @@ impl Fetcher {
             Ok(l) => l,
             Err(e) => return (Err(format!("fetching object {id}: {e}")), Vec::new()),
         };
-        if store.has_object(id) {
+        if crate::has_local(store, &*self.source, id) {
             return (Ok(()), Vec::new());
         }
         let staged = match self.fetch_staged(flight) {
@@ -587,7 +593,7 @@ impl Fetcher {
         let neighbours = staged.len().saturating_sub(1);
         let entered = self.answer_early(flight, &staged);
         let published = store
-            .publish_staged(staged)
+            .publish_staged(staged.into_iter().map(|(_, s)| s))
             .map_err(|e| format!("publishing object {id}: {e}"));
         if published.is_ok() && neighbours > 0 {
             self.counters
@@ -598,8 +604,10 @@ impl Fetcher {
     }
 
     /// Fetches the flight's object (with its neighbours, where the source
-    /// can) into staged files, each checked: the object first.
-    fn fetch_staged(&self, flight: &Arc<Flight>) -> Result<Vec<StagedObject>, String> {
+    /// can) into staged files, each checked: the object first, each with
+    /// the name it was asked for (for a source with foreign names, not the
+    /// digest the store gives the file).
+    fn fetch_staged(&self, flight: &Arc<Flight>) -> Result<Vec<(ObjectId, StagedObject)>, String> {
         let (id, size, abandoned) = (&flight.id, flight.size, &flight.abandoned);
         let store = &*self.store;
         let mut group = self.source.group(store, id);
@@ -645,17 +653,19 @@ impl Fetcher {
                     ));
                 };
                 staged.swap(0, at);
-                return Ok(staged);
+                return Ok(staged.into_iter().map(|s| (s.id(), s)).collect());
             }
         }
         let stager = store
             .stage_object()
             .map_err(|e| format!("fetching object {id}: {e}"))?;
+        let foreign = self.source.foreign_names();
         let mut w = StagerWriter {
             stager,
             limit: size,
             abandoned,
             error: None,
+            sha256: foreign.then(Sha256::new),
         };
         let fetched = self.source.fetch(id, &mut w);
         if abandoned.load(Ordering::SeqCst) {
@@ -678,14 +688,19 @@ impl Fetcher {
             .stager
             .finish(store)
             .map_err(|e| format!("fetching object {id}: {e}"))?;
-        if staged.id() != *id {
+        if let Some(h) = w.sha256.take() {
+            let sha: [u8; 32] = h.finalize().into();
+            self.source
+                .accept(id, &sha, &staged.id())
+                .map_err(|e| format!("{e}; refused, nothing stored"))?;
+        } else if staged.id() != *id {
             return Err(format!(
                 "object {id}: the source sent {got} bytes whose fs-verity digest is {}; \
                  refused, nothing stored",
                 staged.id()
             ));
         }
-        Ok(vec![staged])
+        Ok(vec![(*id, staged)])
     }
 }
 
@@ -758,6 +773,8 @@ struct StagerWriter<'a> {
     /// The first failure, kept to say what it was (the source may swallow
     /// the io::Error we return).
     error: Option<String>,
+    /// For a source with foreign names: the sha256 of what was written.
+    sha256: Option<Sha256>,
 }
 
 impl io::Write for StagerWriter<'_> {
@@ -777,6 +794,9 @@ impl io::Write for StagerWriter<'_> {
             let msg = e.to_string();
             self.error.get_or_insert(msg.clone());
             return Err(io::Error::other(msg));
+        }
+        if let Some(h) = &mut self.sha256 {
+            h.update(buf);
         }
         Ok(buf.len())
     }

@@ -148,6 +148,52 @@ pub trait ObjectSource: Send + Sync {
     fn fetch_chunk(&self, id: &ObjectId, _k: usize) -> Result<Vec<u8>, FetchError> {
         Err(FetchError::NotFound(*id))
     }
+
+    /// Whether this source names objects by something other than their
+    /// fs-verity digest (an eStargz file is named by the sha256 of its
+    /// contents, the only digest its TOC gives). Then the server hashes
+    /// what it fetched with sha256 as well, hands both digests to
+    /// [`accept`](Self::accept), and publishes the file under its
+    /// fs-verity digest (as every store object) only if the source
+    /// accepts; [`local_id`](Self::local_id) says where an id is stored.
+    /// Default: `false` (names are the store's).
+    fn foreign_names(&self) -> bool {
+        false
+    }
+
+    /// The store's name of `id`, once known (foreign names only; the
+    /// default is `id` itself). Must be cheap: called on every open.
+    fn local_id(&self, id: &ObjectId) -> Option<ObjectId> {
+        Some(*id)
+    }
+
+    /// Foreign names only: the whole object `id` was fetched, its bytes
+    /// hash to `sha256` and their fs-verity digest is `stored`. The source
+    /// checks `sha256` against `id` and, if it matches, remembers that
+    /// `id` is stored as `stored` (durably, if a successor server must
+    /// know it) before it returns `Ok`; an `Err` (the reason) means
+    /// nothing is stored.
+    fn accept(&self, id: &ObjectId, _sha256: &[u8; 32], _stored: &ObjectId) -> Result<(), String> {
+        Err(format!(
+            "object {id}: this source names objects by their fs-verity digest"
+        ))
+    }
+}
+
+/// Whether the store has object `id` of `source` (under its own name or,
+/// for a source with foreign names, under the name the source gives it).
+pub(crate) fn has_local(store: &Store, source: &dyn ObjectSource, id: &ObjectId) -> bool {
+    source.local_id(id).is_some_and(|l| store.has_object(&l))
+}
+
+/// Where the store keeps object `id` of `source` (its own name when the
+/// source knows no other: a missing file).
+pub(crate) fn local_path(
+    store: &Store,
+    source: &dyn ObjectSource,
+    id: &ObjectId,
+) -> std::path::PathBuf {
+    store.object_path(&source.local_id(id).unwrap_or(*id))
 }
 
 /// A source with nothing: every object must be in the store.

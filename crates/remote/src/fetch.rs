@@ -84,6 +84,13 @@ impl RemoteObjects {
         let lazy = record
             .lazy
             .ok_or_else(|| not("its record names no lazy source (it is complete)"))?;
+        if lazy.estargz {
+            return Err(not(
+                "it was pulled from an eStargz image's tables of contents, which cairn does not \
+                 fetch from or serve yet (docs/lazy-format.md, \"eStargz\"); `cairn pull` pulls \
+                 it whole",
+            ));
+        }
         let awhat = format!("artifact {} of image {image_digest}", lazy.artifact_digest);
         let adigest = Digest::parse(&lazy.artifact_digest)
             .map_err(|e| RemoteError::invalid(&awhat, e.to_string()))?;
@@ -640,6 +647,11 @@ pub struct FetchReport {
     pub requests: u64,
     /// The image was complete already.
     pub was_complete: bool,
+    /// An eStargz image is completed by a full pull of its layers, which
+    /// makes another image (named by fs-verity digests): its digest. The
+    /// names of the lazy image now name it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_as: Option<String>,
 }
 
 /// Fetches those of `ids` that are not in the store, each checked before
@@ -736,8 +748,14 @@ pub fn fetch_image(
         fetched_bytes: 0,
         requests: 0,
         was_complete: record.lazy.is_none(),
+        completed_as: None,
     };
-    if record.lazy.is_none() {
+    let Some(lazy) = &record.lazy else {
+        return Ok(report);
+    };
+    if lazy.estargz {
+        let done = crate::estargz_fetch::complete(store, image_digest, lazy, opts)?;
+        report.completed_as = Some(done);
         return Ok(report);
     }
     let remote = RemoteObjects::open(store, image_digest, &opts.client)?;
