@@ -379,6 +379,8 @@ struct Daemons {
     dir: tempfile::TempDir,
     containerd: Child,
     snapshotter: Child,
+    /// Extra arguments of `cairn snapshotter`.
+    snap_args: Vec<String>,
 }
 
 fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
@@ -391,6 +393,11 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 
 impl Daemons {
     fn start(version: Ctd) -> Daemons {
+        Daemons::start_with(version, &[])
+    }
+
+    fn start_with(version: Ctd, snap_args: &[&str]) -> Daemons {
+        let snap_args: Vec<String> = snap_args.iter().map(|a| a.to_string()).collect();
         version.check_installed();
         let dir = tempfile::Builder::new()
             .prefix("cairn-ctr-")
@@ -398,7 +405,7 @@ impl Daemons {
             .unwrap();
         let d = dir.path();
         let snap_sock = d.join("cairn/snapshotter.sock");
-        let snapshotter = spawn_snapshotter(d);
+        let snapshotter = spawn_snapshotter(d, &snap_args);
         let config = match version {
             Ctd::V16 => format!(
                 r#"version = 2
@@ -483,6 +490,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
             dir,
             containerd,
             snapshotter,
+            snap_args,
         };
         wait_for("containerd", || ds.ctr_out(&["version"]).status.success());
         let _ = &mut ds;
@@ -532,7 +540,7 @@ fn unmount_under(root: &Path) {
 
 /// Starts `cairn snapshotter` on `<d>/store`, socket `<d>/cairn/snapshotter.sock`,
 /// its log appended to `<d>/snapshotter.log`; returns once the socket is there.
-fn spawn_snapshotter(d: &Path) -> Child {
+fn spawn_snapshotter(d: &Path, args: &[String]) -> Child {
     let snap_sock = d.join("cairn/snapshotter.sock");
     let _ = std::fs::remove_file(&snap_sock);
     let log = std::fs::File::options()
@@ -546,6 +554,7 @@ fn spawn_snapshotter(d: &Path) -> Child {
         .arg("snapshotter")
         .arg("--address")
         .arg(&snap_sock)
+        .args(args)
         .env_remove("CAIRN_ROOT")
         .env("CAIRN_LOG", "info")
         .stdout(Stdio::null())
@@ -562,7 +571,7 @@ impl Daemons {
     fn kill_and_restart_snapshotter(&mut self) {
         self.snapshotter.kill().unwrap();
         self.snapshotter.wait().unwrap();
-        self.snapshotter = spawn_snapshotter(self.dir.path());
+        self.snapshotter = spawn_snapshotter(self.dir.path(), &self.snap_args);
     }
 }
 
@@ -874,7 +883,7 @@ fn privileged_snapshotter_restart_while_running() {
         "the container stopped with the snapshotter: {tasks}"
     );
     assert_eq!(exec(&ds, 1), before, "rootfs read with no snapshotter");
-    ds.snapshotter = spawn_snapshotter(ds.dir.path());
+    ds.snapshotter = spawn_snapshotter(ds.dir.path(), &ds.snap_args);
     let _stop = Stop(&ds, id);
     assert_eq!(exec(&ds, 2), before, "rootfs read after the restart");
     let tasks = ds.ctr(&["task", "ls"]);
@@ -1135,5 +1144,258 @@ fn remote_pull(v: Ctd) {
         keep(&normal),
         "the remote path's container prints differently"
     );
+    cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
+}
+
+// ---------------------------------------------------------------------
+// The lazy remote path: the image has a cairn lazy artifact (`cairn
+// push`), and the remote path pulls only its metadata.
+// ---------------------------------------------------------------------
+
+/// The manifest `tag` of the test repository, read from the registry at
+/// `upstream` directly (not through a counting proxy).
+fn manifest_at(upstream: &str, tag: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(upstream).unwrap();
+    write!(
+        c,
+        "GET /v2/{REPO}/manifests/{tag} HTTP/1.0\r\nHost: {upstream}\r\nAccept: {OCI_MANIFEST}\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = Vec::new();
+    c.read_to_end(&mut resp).unwrap();
+    let body = resp.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    serde_json::from_slice(&resp[body..]).expect("a manifest")
+}
+
+/// Pushes the test image's cairn lazy artifact (pulled into a scratch
+/// store, then `cairn push`ed next to it); returns the artifact's pack
+/// digests.
+fn push_lazy_artifact(direct: &str, upstream: &str) -> BTreeSet<String> {
+    let scratch = tempfile::Builder::new()
+        .prefix("cairn-lazy-src-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    cairn_ok_at(scratch.path(), &["pull", "-q", direct]);
+    cairn_ok_at(
+        scratch.path(),
+        &[
+            "push",
+            "-q",
+            direct,
+            &format!("{upstream}/{REPO}:{TAG}-lazy"),
+            "--pack-size",
+            "1M",
+        ],
+    );
+    let artifact = manifest_at(upstream, &format!("{TAG}-lazy"));
+    let packs: BTreeSet<String> = artifact["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.pack")
+        .map(|l| l["digest"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!packs.is_empty(), "{artifact}");
+    packs
+}
+
+/// The lazy remote path, and a restart of the snapshotter under a
+/// container whose rootfs stands on a lazy chain mount: containerd pulls
+/// with the CRI's labels (the Go client), every layer is committed from
+/// the image's cairn lazy artifact, no layer blob and no pack is fetched
+/// by the pull; `ctr run` prints what containerd's overlayfs snapshotter
+/// prints, fetching (by range) only what it reads; the snapshotter is
+/// SIGKILLed while a container runs, which keeps reading files not
+/// fetched before (the lazy server is not the snapshotter's), a new
+/// snapshotter adopts the chain mount and a new `ctr run` works.
+#[test]
+fn privileged_snapshotter_lazy_remote_pull_and_restart() {
+    require_root();
+    let v = Ctd::V16;
+    let rpull = build_rpull(v);
+    let reg = LocalRegistry::start();
+    let direct = push_image(&reg);
+    let upstream = direct.split('/').next().unwrap().to_owned();
+    let packs = push_lazy_artifact(&direct, &upstream);
+    let proxy = CountingProxy::start(&upstream);
+    let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
+    // On demand and one object a request: what is fetched is what is read.
+    let mut ds = Daemons::start_with(v, &["--lazy-fetch", "on-demand", "--coalesce", "0"]);
+    let o = Command::new(&rpull)
+        .arg(ds.dir.path().join("containerd.sock"))
+        .args([v.namespace(), "cairn", &reference])
+        .output()
+        .unwrap();
+    let log = |ds: &Daemons| {
+        std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default()
+    };
+    assert!(
+        o.status.success(),
+        "rpull: {}{}\nsnapshotter log:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        log(&ds)
+    );
+    assert_eq!(
+        log(&ds).matches("pulled lazily by cairn").count(),
+        5,
+        "layers pulled lazily, snapshotter log:\n{}",
+        log(&ds)
+    );
+    let layers: BTreeSet<String> = manifest_at(&upstream, TAG)["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_owned())
+        .collect();
+    let gets = |what: &BTreeSet<String>| {
+        proxy
+            .blob_gets()
+            .into_iter()
+            .filter(|(_, d)| what.contains(d))
+            .count()
+    };
+    assert_eq!(
+        gets(&layers),
+        0,
+        "layer blobs fetched: {:#?}",
+        proxy.blob_gets()
+    );
+    assert_eq!(
+        gets(&packs),
+        0,
+        "packs fetched by the pull: {:#?}",
+        proxy.blob_gets()
+    );
+
+    // The image runs, and prints what the normal path prints.
+    let run = |ds: &Daemons, sn: &str, image: &str, id: &str| {
+        ds.ctr(&[
+            "run",
+            "--rm",
+            "--snapshotter",
+            sn,
+            image,
+            id,
+            "/busybox/busybox",
+            "sh",
+            "-c",
+            &format!("export PATH=/busybox; /busybox/busybox --install -s /busybox; {SCRIPT}"),
+        ])
+    };
+    let lazy = run(&ds, "cairn", &reference, "lazy-1");
+    let read_by_run = gets(&packs);
+    assert!(read_by_run > 0, "nothing fetched by the run");
+    ds.ctr(&[
+        "images",
+        "pull",
+        "--plain-http",
+        "--snapshotter",
+        "overlayfs",
+        &direct,
+    ]);
+    let normal = run(&ds, "overlayfs", &direct, "normal-1");
+    let keep = |out: &str| {
+        out.lines()
+            .filter(|l| !l.starts_with("/bin/tool") && !l.starts_with("/bin/sh"))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    };
+    assert!(normal.contains("hello"), "{normal}");
+    assert_eq!(
+        keep(&lazy),
+        keep(&normal),
+        "the lazy remote path's container prints differently"
+    );
+    assert_eq!(gets(&layers), 0, "layer blobs fetched by cairn");
+
+    // A container stays up across a SIGKILL of the snapshotter.
+    let id = "lazy-long";
+    ds.ctr(&[
+        "run",
+        "-d",
+        "--snapshotter",
+        "cairn",
+        &reference,
+        id,
+        "/busybox/busybox",
+        "sleep",
+        "600",
+    ]);
+    let cat = |ds: &Daemons, n: u32, path: &str| {
+        ds.ctr(&[
+            "task",
+            "exec",
+            "--exec-id",
+            &format!("cat{n}"),
+            id,
+            "/busybox/busybox",
+            "cat",
+            path,
+        ])
+    };
+    let expect =
+        |i: usize| String::from_utf8(support::images::text(500 + i, 20_000 + i as u64)).unwrap();
+    assert_eq!(cat(&ds, 0, "/usr/lib/new000.txt"), expect(0));
+    ds.snapshotter.kill().unwrap();
+    ds.snapshotter.wait().unwrap();
+    let fetched = gets(&packs);
+    // Not read before (the script only lists these): fetched now, with no
+    // snapshotter running.
+    assert_eq!(cat(&ds, 1, "/usr/lib/new050.txt"), expect(50));
+    assert!(
+        gets(&packs) > fetched,
+        "/usr/lib/new050.txt was not fetched after the kill"
+    );
+    let tasks = ds.ctr(&["task", "ls"]);
+    assert!(
+        tasks
+            .lines()
+            .any(|l| l.starts_with(id) && l.contains("RUNNING")),
+        "the container stopped with the snapshotter: {tasks}"
+    );
+    ds.snapshotter = spawn_snapshotter(ds.dir.path(), &ds.snap_args);
+    struct Stop<'a>(&'a Daemons, &'a str);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.ctr_out(&["task", "kill", "-s", "SIGKILL", self.1]);
+            for _ in 0..100 {
+                if self.0.ctr_out(&["task", "rm", self.1]).status.success() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.0.ctr_out(&["containers", "rm", self.1]);
+        }
+    }
+    let stop = Stop(&ds, id);
+    assert_eq!(cat(&ds, 2, "/usr/lib/new077.txt"), expect(77));
+    let snaps = |ds: &Daemons| ds.ctr_out(&["snapshots", "--snapshotter", "cairn", "ls"]);
+    wait_for(
+        "containerd's connection to the restarted snapshotter",
+        || snaps(&ds).status.success(),
+    );
+    // A new container on the same chain: the chain mount is adopted, not
+    // mounted twice.
+    let again = run(&ds, "cairn", &reference, "lazy-2");
+    assert_eq!(keep(&again), keep(&normal));
+    let chains = format!(
+        "{}/",
+        ds.dir.path().join("store/snapshots/chains").display()
+    );
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mut targets: Vec<&str> = mi
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&chains))
+        .collect();
+    targets.sort();
+    let n = targets.len();
+    targets.dedup();
+    assert_eq!(n, targets.len(), "a chain image mounted twice: {targets:?}");
+    assert_eq!(n, 1, "chain mounts while the container runs: {targets:?}");
+    drop(stop);
+    assert_eq!(gets(&layers), 0, "layer blobs fetched");
     cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
 }

@@ -80,6 +80,26 @@ pub struct Layer {
     pub size: u64,
     /// Entries of the layer (the layer record's `entries`).
     pub entries: u64,
+    /// Set for a layer the remote path committed from an image's lazy
+    /// artifact (docs/snapshotter.md, "The lazy remote path"): the store
+    /// has no layer records for its chain, and `image` is the whole
+    /// image's (incomplete) EROFS image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy: Option<LazyChain>,
+}
+
+/// Where a lazily committed layer came from, so that its chain can be
+/// pulled in full when a lazy image is not enough.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LazyChain {
+    /// The image reference the layer was pulled from (CRI label).
+    pub image_ref: String,
+    /// The manifest digest the pull resolved to.
+    pub manifest_digest: String,
+    /// `image` is the whole image's tree, not this chain's: an
+    /// intermediate layer. Mounting on it first pulls the image in full
+    /// and assembles the chain's own image.
+    pub partial: bool,
 }
 
 /// `meta/<id>.json`.

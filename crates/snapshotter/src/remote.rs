@@ -99,3 +99,142 @@ pub fn pull_layer(
         chain,
     })
 }
+
+/// A layer committed from an image's lazy artifact: the whole image's
+/// (incomplete) EROFS image, and the layer's place in it.
+#[derive(Debug, Clone)]
+pub struct LazyPulled {
+    pub diff_id: String,
+    pub chain: Vec<String>,
+    /// The whole image's EROFS image (hex sha256).
+    pub image: String,
+    pub manifest_digest: String,
+    /// The layer is the image's top layer: `image` is its chain's tree.
+    pub top: bool,
+    pub objects: u64,
+    pub object_bytes: u64,
+}
+
+/// Pulls the metadata of the image `req` names lazily, as `cairn pull
+/// --lazy` does (its cairn artifact, found through the referrers API or the
+/// referrers tag schema), and places `req.layer_digest` in it, checked
+/// against `parent_chain`. An error says why not (no artifact, a manifest
+/// other than containerd's, …): the caller then pulls in full.
+pub fn pull_layer_lazy(
+    store: &Store,
+    req: &RemoteRequest,
+    parent_chain: &[String],
+) -> Result<LazyPulled, String> {
+    let reference = ImageRef::parse(&req.image_ref)
+        .map_err(|e| format!("image ref {:?}: {e}", req.image_ref))?;
+    let opts = cairn_remote::LazyPullOptions {
+        name: None,
+        ..cairn_remote::LazyPullOptions::default()
+    };
+    let report = cairn_remote::pull_lazy(store, &reference, &opts)
+        .map_err(|e| format!("lazy pull of {}: {e}", req.image_ref))?;
+    if let Some(m) = &req.manifest_digest {
+        if *m != report.manifest_digest {
+            return Err(format!(
+                "{} resolved to manifest {}, containerd pulls {m}",
+                req.image_ref, report.manifest_digest
+            ));
+        }
+    }
+    let rec = store
+        .image_record(&report.image_digest)
+        .map_err(|e| format!("reading image {}: {e}", report.image_digest))?
+        .ok_or_else(|| format!("image {} has no record", report.image_digest))?;
+    if rec.manifest_digest != report.manifest_digest {
+        // The store had the same tree from another image: its record names
+        // that image's manifest, not this one's layers.
+        return Err(format!(
+            "image {} is recorded for manifest {}, not {}",
+            report.image_digest, rec.manifest_digest, report.manifest_digest
+        ));
+    }
+    let (layers, diff_ids) = layers_of(&rec.manifest, &rec.config)
+        .map_err(|e| format!("manifest {} of {}: {e}", rec.manifest_digest, req.image_ref))?;
+    let i = layers
+        .iter()
+        .position(|l| *l == req.layer_digest)
+        .ok_or_else(|| {
+            format!(
+                "{} (manifest {}) has no layer {}",
+                req.image_ref, report.manifest_digest, req.layer_digest
+            )
+        })?;
+    let chain = diff_ids[..=i].to_vec();
+    if chain[..i] != *parent_chain {
+        return Err(format!(
+            "layer {} of {} does not sit on the parent snapshot's chain",
+            req.layer_digest, req.image_ref
+        ));
+    }
+    Ok(LazyPulled {
+        diff_id: chain[i].clone(),
+        chain,
+        image: report.image_digest,
+        manifest_digest: report.manifest_digest,
+        top: i + 1 == layers.len(),
+        objects: report.objects,
+        object_bytes: report.object_bytes,
+    })
+}
+
+/// The layer digests of a manifest and the diff_ids of its config, as many
+/// of each, every one a digest.
+fn layers_of(manifest: &str, config: &str) -> Result<(Vec<String>, Vec<String>), String> {
+    let m: serde_json::Value =
+        serde_json::from_str(manifest).map_err(|e| format!("the manifest: {e}"))?;
+    let c: serde_json::Value =
+        serde_json::from_str(config).map_err(|e| format!("the config: {e}"))?;
+    let strings = |v: Option<&Vec<serde_json::Value>>,
+                   what: &str,
+                   f: &dyn Fn(&serde_json::Value) -> Option<String>| {
+        v.ok_or_else(|| format!("no {what}"))?
+            .iter()
+            .map(|x| {
+                f(x).filter(|s| cairn_spec::parse_digest(s).is_ok())
+                    .ok_or_else(|| format!("a {what} entry that is not a digest"))
+            })
+            .collect::<Result<Vec<String>, String>>()
+    };
+    let layers = strings(m["layers"].as_array(), "layers", &|x| {
+        x["digest"].as_str().map(str::to_owned)
+    })?;
+    let diff_ids = strings(
+        c["rootfs"]["diff_ids"].as_array(),
+        "rootfs.diff_ids",
+        &|x| x.as_str().map(str::to_owned),
+    )?;
+    if layers.len() != diff_ids.len() || layers.is_empty() {
+        return Err(format!(
+            "{} layers and {} diff_ids",
+            layers.len(),
+            diff_ids.len()
+        ));
+    }
+    Ok((layers, diff_ids))
+}
+
+/// Pulls the image `image_ref` in full (layers the store has are not
+/// fetched again), unnamed, and checks that it is still the manifest
+/// `manifest_digest`: the layer records of a lazily pulled chain.
+pub fn pull_full(store: &Store, image_ref: &str, manifest_digest: &str) -> Result<(), String> {
+    let reference =
+        ImageRef::parse(image_ref).map_err(|e| format!("image ref {image_ref:?}: {e}"))?;
+    let opts = PullOptions {
+        name: None,
+        ..PullOptions::default()
+    };
+    let report = cairn_oci::pull(store, &reference, &opts, &|_: &cairn_oci::PullEvent<'_>| {})
+        .map_err(|e| format!("pulling {image_ref}: {e}"))?;
+    if report.manifest_digest != manifest_digest {
+        return Err(format!(
+            "{image_ref} resolves to manifest {} now, the snapshot was pulled from {manifest_digest}",
+            report.manifest_digest
+        ));
+    }
+    Ok(())
+}
