@@ -950,6 +950,8 @@ fn privileged_snapshotter_restart_while_running() {
 struct CountingProxy {
     addr: String,
     requests: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    /// While set, requests from cairn (its User-Agent) are held back.
+    stall_cairn: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl CountingProxy {
@@ -959,7 +961,8 @@ impl CountingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (up, reqs) = (upstream.to_owned(), requests.clone());
+        let stall_cairn = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (up, reqs, stall) = (upstream.to_owned(), requests.clone(), stall_cairn.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(mut client) = client else { continue };
@@ -972,6 +975,7 @@ impl CountingProxy {
                     let _ = c2.shutdown(std::net::Shutdown::Both);
                 });
                 let reqs = reqs.clone();
+                let stall = stall.clone();
                 std::thread::spawn(move || {
                     let mut pending = Vec::new();
                     let mut buf = [0u8; 16384];
@@ -993,7 +997,11 @@ impl CountingProxy {
                                         .map(|(_, v)| v.trim().to_owned())
                                 })
                                 .unwrap_or_default();
+                            let held = ua.starts_with("cairn/");
                             reqs.lock().unwrap().push((line, ua));
+                            while held && stall.load(std::sync::atomic::Ordering::SeqCst) {
+                                std::thread::sleep(Duration::from_millis(50));
+                            }
                         }
                         if server.write_all(&buf[..n]).is_err() {
                             break;
@@ -1003,7 +1011,11 @@ impl CountingProxy {
                 });
             }
         });
-        CountingProxy { addr, requests }
+        CountingProxy {
+            addr,
+            requests,
+            stall_cairn,
+        }
     }
 
     /// `(user agent, digest)` of every blob GET so far.
@@ -1397,5 +1409,150 @@ fn privileged_snapshotter_lazy_remote_pull_and_restart() {
     assert_eq!(n, 1, "chain mounts while the container runs: {targets:?}");
     drop(stop);
     assert_eq!(gets(&layers), 0, "layer blobs fetched");
+
+    // A view of an intermediate layer (the artifact has the whole image's
+    // tree only): the image is pulled in full and the chain's own image
+    // mounted.
+    let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
+    let rows: Vec<Vec<&str>> = listed
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let bottom = rows
+        .iter()
+        .find(|r| r.len() == 2 && r[1] == "Committed")
+        .unwrap_or_else(|| panic!("no bottom layer: {listed}"))[0];
+    let second = rows
+        .iter()
+        .find(|r| r.len() == 3 && r[1] == bottom)
+        .unwrap_or_else(|| panic!("no second layer: {listed}"))[0];
+    let view = ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "view",
+        "--target",
+        "/mnt",
+        "view-of-the-second",
+        second,
+    ]);
+    let source = view
+        .split_whitespace()
+        .find(|w| w.contains("/snapshots/chains/"))
+        .unwrap_or_else(|| panic!("no chain mount in {view:?}"));
+    let top = std::path::Path::new(source);
+    assert!(top.join("etc").is_dir(), "{source}: {view}");
+    for later in ["opt/data", "busybox", "srv/top"] {
+        assert!(!top.join(later).exists(), "{later} in a view of layer 2");
+    }
+    assert!(
+        log(&ds).contains("pulling the image in full"),
+        "{}",
+        log(&ds)
+    );
+    ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "rm",
+        "view-of-the-second",
+    ]);
     cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
+}
+
+/// SIGTERM while a remote Prepare waits for its pull (the registry holds
+/// cairn's requests back): the snapshotter answers the Prepare (containerd's
+/// pull fails), exits within seconds, records nothing of the pull (fsck
+/// clean); restarted, the same pull goes through the remote path.
+#[test]
+fn privileged_snapshotter_sigterm_during_a_remote_pull() {
+    require_root();
+    let v = Ctd::V16;
+    let rpull = build_rpull(v);
+    let reg = LocalRegistry::start();
+    let direct = push_image(&reg);
+    let upstream = direct.split('/').next().unwrap().to_owned();
+    let proxy = CountingProxy::start(&upstream);
+    let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
+    let mut ds = Daemons::start(v);
+    proxy
+        .stall_cairn
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let pull = || {
+        Command::new(&rpull)
+            .arg(ds.dir.path().join("containerd.sock"))
+            .args([v.namespace(), "cairn", &reference])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = pull();
+    wait_for("cairn's pull reaching the registry", || {
+        proxy
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, ua)| ua.starts_with("cairn/"))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(ds.snapshotter.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    while ds.snapshotter.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the snapshotter ignores SIGTERM during a remote pull"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(8), "stopped after {took:?}");
+    let o = first.wait_with_output().unwrap();
+    let log = || std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default();
+    assert!(
+        !o.status.success(),
+        "the pull went on without the snapshotter: {}",
+        log()
+    );
+    assert!(log().contains("stopping"), "{}", log());
+    assert_eq!(log().matches("pulled by cairn").count(), 0, "{}", log());
+    let store = ds.dir.path().join("store");
+    cairn_ok_at(&store, &["fsck"]);
+    proxy
+        .stall_cairn
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    ds.snapshotter = spawn_snapshotter(ds.dir.path(), &ds.snap_args);
+    wait_for(
+        "containerd's connection to the restarted snapshotter",
+        || {
+            ds.ctr_out(&["snapshots", "--snapshotter", "cairn", "ls"])
+                .status
+                .success()
+        },
+    );
+    // Calls right after a restart may still meet containerd's stale
+    // connection ("connection refused"): retried, as the kubelet does.
+    let mut o = pull().wait_with_output().unwrap();
+    for _ in 0..10 {
+        if o.status.success() || !String::from_utf8_lossy(&o.stderr).contains("unavailable") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        o = pull().wait_with_output().unwrap();
+    }
+    assert!(
+        o.status.success(),
+        "rpull after the restart: {}{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        log()
+    );
+    assert_eq!(log().matches("pulled by cairn").count(), 5, "{}", log());
+    cairn_ok_at(&store, &["fsck"]);
 }
