@@ -1223,8 +1223,17 @@ fn push_lazy_artifact(direct: &str, upstream: &str) -> BTreeSet<String> {
 /// snapshotter adopts the chain mount and a new `ctr run` works.
 #[test]
 fn privileged_snapshotter_lazy_remote_pull_and_restart() {
+    lazy_remote_pull_and_restart(Ctd::V16);
+}
+
+/// The same with containerd 2.4.2 and its client.
+#[test]
+fn privileged_snapshotter_containerd2_lazy_remote_pull_and_restart() {
+    lazy_remote_pull_and_restart(Ctd::V24);
+}
+
+fn lazy_remote_pull_and_restart(v: Ctd) {
     require_root();
-    let v = Ctd::V16;
     let rpull = build_rpull(v);
     let reg = LocalRegistry::start();
     let direct = push_image(&reg);
