@@ -1182,8 +1182,8 @@ fn manifest_at(upstream: &str, tag: &str) -> serde_json::Value {
 
 /// Pushes the test image's cairn lazy artifact (pulled into a scratch
 /// store, then `cairn push`ed next to it); returns the artifact's pack
-/// digests.
-fn push_lazy_artifact(direct: &str, upstream: &str) -> BTreeSet<String> {
+/// digests and its EROFS blob's.
+fn push_lazy_artifact(direct: &str, upstream: &str) -> (BTreeSet<String>, String) {
     let scratch = tempfile::Builder::new()
         .prefix("cairn-lazy-src-")
         .tempdir_in("/var/tmp")
@@ -1209,7 +1209,14 @@ fn push_lazy_artifact(direct: &str, upstream: &str) -> BTreeSet<String> {
         .map(|l| l["digest"].as_str().unwrap().to_owned())
         .collect();
     assert!(!packs.is_empty(), "{artifact}");
-    packs
+    let erofs = artifact["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.erofs+zstd")
+        .map(|l| l["digest"].as_str().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no EROFS blob in {artifact}"));
+    (packs, erofs)
 }
 
 /// The lazy remote path, and a restart of the snapshotter under a
@@ -1238,7 +1245,7 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     let reg = LocalRegistry::start();
     let direct = push_image(&reg);
     let upstream = direct.split('/').next().unwrap().to_owned();
-    let packs = push_lazy_artifact(&direct, &upstream);
+    let (packs, erofs) = push_lazy_artifact(&direct, &upstream);
     let proxy = CountingProxy::start(&upstream);
     let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
     // On demand and one object a request: what is fetched is what is read.
@@ -1287,6 +1294,15 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
         gets(&packs),
         0,
         "packs fetched by the pull: {:#?}",
+        proxy.blob_gets()
+    );
+    // The metadata once, by the first layer's Prepare: the layers above it
+    // are placed in the image their parent names.
+    let erofs: BTreeSet<String> = [erofs].into();
+    assert_eq!(
+        gets(&erofs),
+        1,
+        "EROFS blob fetches: {:#?}",
         proxy.blob_gets()
     );
 

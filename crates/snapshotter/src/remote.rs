@@ -133,26 +133,52 @@ pub fn pull_layer_lazy(
     };
     let report = cairn_remote::pull_lazy(store, &reference, &opts)
         .map_err(|e| format!("lazy pull of {}: {e}", req.image_ref))?;
+    place_layer(
+        store,
+        &report.image_digest,
+        &report.manifest_digest,
+        req,
+        parent_chain,
+    )
+}
+
+/// Places `req.layer_digest` in the image `image` of the store, pulled
+/// lazily from the manifest `manifest_digest` (no network): by the image
+/// record's manifest and config, checked against `parent_chain`. The
+/// layers above the first of an image use it with the image their parent
+/// snapshot names, so that only the first layer's Prepare pulls.
+pub fn place_layer(
+    store: &Store,
+    image: &str,
+    manifest_digest: &str,
+    req: &RemoteRequest,
+    parent_chain: &[String],
+) -> Result<LazyPulled, String> {
     if let Some(m) = &req.manifest_digest {
-        if *m != report.manifest_digest {
+        if m != manifest_digest {
             return Err(format!(
-                "{} resolved to manifest {}, containerd pulls {m}",
-                req.image_ref, report.manifest_digest
+                "{} resolved to manifest {manifest_digest}, containerd pulls {m}",
+                req.image_ref
             ));
         }
     }
     let rec = store
-        .image_record(&report.image_digest)
-        .map_err(|e| format!("reading image {}: {e}", report.image_digest))?
-        .ok_or_else(|| format!("image {} has no record", report.image_digest))?;
-    if rec.manifest_digest != report.manifest_digest {
+        .image_record(image)
+        .map_err(|e| format!("reading image {image}: {e}"))?
+        .filter(|_| store.has_image(image))
+        .ok_or_else(|| format!("image {image} is not in the store"))?;
+    if rec.manifest_digest != manifest_digest {
         // The store had the same tree from another image: its record names
         // that image's manifest, not this one's layers.
         return Err(format!(
-            "image {} is recorded for manifest {}, not {}",
-            report.image_digest, rec.manifest_digest, report.manifest_digest
+            "image {image} is recorded for manifest {}, not {manifest_digest}",
+            rec.manifest_digest
         ));
     }
+    let (objects, object_bytes) = rec
+        .lazy
+        .as_ref()
+        .map_or((0, rec.content_size), |l| (l.objects, l.object_bytes));
     let (layers, diff_ids) = layers_of(&rec.manifest, &rec.config)
         .map_err(|e| format!("manifest {} of {}: {e}", rec.manifest_digest, req.image_ref))?;
     let i = layers
@@ -160,8 +186,8 @@ pub fn pull_layer_lazy(
         .position(|l| *l == req.layer_digest)
         .ok_or_else(|| {
             format!(
-                "{} (manifest {}) has no layer {}",
-                req.image_ref, report.manifest_digest, req.layer_digest
+                "{} (manifest {manifest_digest}) has no layer {}",
+                req.image_ref, req.layer_digest
             )
         })?;
     let chain = diff_ids[..=i].to_vec();
@@ -174,11 +200,11 @@ pub fn pull_layer_lazy(
     Ok(LazyPulled {
         diff_id: chain[i].clone(),
         chain,
-        image: report.image_digest,
-        manifest_digest: report.manifest_digest,
+        image: image.to_owned(),
+        manifest_digest: manifest_digest.to_owned(),
         top: i + 1 == layers.len(),
-        objects: report.objects,
-        object_bytes: report.object_bytes,
+        objects,
+        object_bytes,
     })
 }
 

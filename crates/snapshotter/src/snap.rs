@@ -307,6 +307,7 @@ impl Snapshotter {
             // The usual Prepare gives the error, or the normal path.
             return Ok(None);
         }
+        let mut lazy_parent = None;
         let parent_chain = if parent.is_empty() {
             Ok(Vec::new())
         } else {
@@ -314,7 +315,12 @@ impl Snapshotter {
                 None => Err(format!("parent {parent:?} does not exist")),
                 Some(p) => match &p.layer {
                     None => Err(format!("parent {parent:?} is not committed")),
-                    Some(l) => Ok(l.chain.clone()),
+                    Some(l) => {
+                        if let Some(lz) = l.lazy.as_ref().filter(|lz| lz.partial) {
+                            lazy_parent = Some((l.image.clone(), lz.manifest_digest.clone()));
+                        }
+                        Ok(l.chain.clone())
+                    }
                 },
             }
         };
@@ -328,6 +334,7 @@ impl Snapshotter {
         self.reserved.insert(req.target.clone());
         Ok(Some(RemotePlan {
             lazy: self.lazy.is_some(),
+            lazy_parent,
             store: self.store.clone(),
             req,
             parent: parent.to_owned(),
@@ -916,6 +923,9 @@ fn warn_fallback(req: &RemoteRequest, why: &str) {
 pub struct RemotePlan {
     /// Try the image's lazy artifact first.
     lazy: bool,
+    /// The parent is an intermediate layer pulled lazily: its whole
+    /// image and manifest digest, to place this layer in without a pull.
+    lazy_parent: Option<(String, String)>,
     store: Arc<Store>,
     req: RemoteRequest,
     parent: String,
@@ -942,7 +952,13 @@ impl RemotePlan {
             .lock_shared()
             .map_err(|e| format!("locking the store: {e}"))?;
         if self.lazy {
-            match remote::pull_layer_lazy(&self.store, &self.req, &self.parent_chain) {
+            let placed = match &self.lazy_parent {
+                Some((image, manifest)) if self.req.manifest_digest.as_ref() == Some(manifest) => {
+                    remote::place_layer(&self.store, image, manifest, &self.req, &self.parent_chain)
+                }
+                _ => remote::pull_layer_lazy(&self.store, &self.req, &self.parent_chain),
+            };
+            match placed {
                 Ok(l) => {
                     return Ok(RemoteDone {
                         pulled: remote::Pulled {
