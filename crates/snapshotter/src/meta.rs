@@ -486,4 +486,43 @@ mod tests {
         let m = Meta::open(d.path()).unwrap();
         assert_eq!(m.records().count(), 0);
     }
+
+    /// A committed layer's record with and without `lazy`: a record
+    /// written before the field existed reads as a full layer, and a
+    /// lazily pulled one round-trips (and is written only when set).
+    #[test]
+    fn lazy_layers_round_trip_and_old_records_read() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = Meta::open(d.path()).unwrap();
+        let layer = |lazy| Layer {
+            diff_id: format!("sha256:{}", "1".repeat(64)),
+            chain: vec![format!("sha256:{}", "1".repeat(64))],
+            image: "2".repeat(64),
+            ref_name: "containerd-snapshot-1".into(),
+            size: 0,
+            entries: 0,
+            lazy,
+        };
+        let mut r = rec(m.allocate_id(), "full");
+        r.kind = Kind::Committed;
+        r.layer = Some(layer(None));
+        m.put(r, None).unwrap();
+        let text = fs::read_to_string(d.path().join("meta/1.json")).unwrap();
+        assert!(!text.contains("lazy"), "{text}");
+        let mut r = rec(m.allocate_id(), "lazy");
+        r.kind = Kind::Committed;
+        let lz = LazyChain {
+            image_ref: "127.0.0.1:5000/a/b:1".into(),
+            manifest_digest: format!("sha256:{}", "3".repeat(64)),
+            partial: true,
+        };
+        r.layer = Some(layer(Some(lz.clone())));
+        m.put(r, None).unwrap();
+        let m = Meta::open(d.path()).unwrap();
+        assert_eq!(m.get("full").unwrap().layer.as_ref().unwrap().lazy, None);
+        assert_eq!(
+            m.get("lazy").unwrap().layer.as_ref().unwrap().lazy,
+            Some(lz)
+        );
+    }
 }

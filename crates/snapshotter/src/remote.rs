@@ -264,3 +264,30 @@ pub fn pull_full(store: &Store, image_ref: &str, manifest_digest: &str) -> Resul
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::layers_of;
+
+    #[test]
+    fn layers_of_checks_what_it_reads() {
+        let d = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        let m = serde_json::json!({"layers": [{"digest": d('a')}, {"digest": d('b')}]}).to_string();
+        let c = serde_json::json!({"rootfs": {"diff_ids": [d('1'), d('2')]}}).to_string();
+        let (l, i) = layers_of(&m, &c).unwrap();
+        assert_eq!(l, vec![d('a'), d('b')]);
+        assert_eq!(i, vec![d('1'), d('2')]);
+        let short = serde_json::json!({"rootfs": {"diff_ids": [d('1')]}}).to_string();
+        assert!(layers_of(&m, &short)
+            .unwrap_err()
+            .contains("2 layers and 1 diff_ids"));
+        let bad = serde_json::json!({"layers": [{"digest": "sha256:x"}]}).to_string();
+        assert!(layers_of(&bad, &short)
+            .unwrap_err()
+            .contains("not a digest"));
+        assert!(layers_of("{", &c).unwrap_err().contains("the manifest"));
+        assert!(layers_of(&m, "{}")
+            .unwrap_err()
+            .contains("no rootfs.diff_ids"));
+    }
+}
