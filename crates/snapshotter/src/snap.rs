@@ -894,6 +894,12 @@ impl CommitPlan {
             .lock_shared()
             .map_err(|e| SnapError::Internal(format!("locking the store: {e}")))?;
         if let Some(lz) = &self.parent_lazy {
+            tracing::info!(
+                "commit of {:?} on a layer of {} pulled lazily: pulling the image in full \
+                 for its layer records",
+                self.key,
+                lz.image_ref
+            );
             remote::pull_full(&self.store, &lz.image_ref, &lz.manifest_digest).map_err(|e| {
                 SnapError::Internal(format!(
                     "committing {:?} on a layer of {} pulled lazily: {e}",
