@@ -1522,7 +1522,41 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
         "rm",
         "view-of-the-second",
     ]);
-    cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
+    // No container and no view left: the chain mounts go (containerd
+    // removes snapshots in its background gc), and the lazy servers with
+    // them (a supervisor removes its pid file as it exits).
+    let store = ds.dir.path().join("store");
+    let servers = || {
+        std::fs::read_dir(store.join("lazy"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".pid"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&chains))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !servers().is_empty() || !mounted().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "with no snapshot using them: chain mounts {:?}, lazy servers {:?}\n{}",
+            mounted(),
+            servers(),
+            ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cairn_ok_at(&store, &["fsck"]);
 }
 
 /// SIGTERM while a remote Prepare waits for its pull (the registry holds
