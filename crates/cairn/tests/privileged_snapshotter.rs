@@ -201,8 +201,14 @@ fn privileged_snapshotter_containerd2_suite() {
     containerd_suite(Ctd::V24);
 }
 
+/// The two suites one after the other: each checks at its end that no
+/// mount of a suite (`/snapshot-suite-cairn-*`) is left, which would see
+/// the other's live mounts if they overlapped.
+static SUITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn containerd_suite(v: Ctd) {
     require_root();
+    let _one_suite_at_a_time = SUITES.lock().unwrap_or_else(|p| p.into_inner());
     let bin = build_suite(v);
     let run = |args: &[&str]| {
         Command::new(&bin)
