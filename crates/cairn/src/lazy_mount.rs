@@ -80,6 +80,9 @@ pub(crate) struct LazyArgs {
     /// With --lazy: when the layer goes away (the container exited, the mount is gone), write the paths of the files that were opened, in first-open order, one a line, to FILE (for `cairn push --prefetch FILE`).
     #[arg(long, value_name = "FILE")]
     pub record_prefetch: Option<PathBuf>,
+    /// With --lazy: serve every read through the FUSE layer instead of passing local files through to the store's (needed when another overlayfs is stacked on the mount, as containerd's containers are on `cairn snapshotter`'s: the kernel stacks at most two levels).
+    #[arg(long)]
+    pub no_passthrough: bool,
 }
 
 impl Default for LazyArgs {
@@ -89,12 +92,13 @@ impl Default for LazyArgs {
             fetch_timeout: Duration::from_secs(30),
             coalesce: cairn_remote::DEFAULT_COALESCE,
             record_prefetch: None,
+            no_passthrough: false,
         }
     }
 }
 
 /// A byte count: a plain number, or one with K, M or G.
-fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     match s.trim().parse::<u64>() {
         Ok(n) => Ok(n),
         Err(_) => crate::parse_size(s),
@@ -434,6 +438,54 @@ impl Drop for LazyLayer {
     }
 }
 
+/// `cairn snapshotter`'s chain mounter for incomplete images: the
+/// snapshotter is a multi-threaded process and cannot fork a lazy server
+/// ([`LazyLayer::start`] needs one thread), so it runs `cairn mount --lazy`
+/// of this very binary, which forks the server, mounts the image
+/// read-only at the chain's directory and exits. The server belongs to no
+/// snapshotter: it outlives a restart of it and goes when the chain mount
+/// goes (docs/snapshotter.md, "The lazy remote path"). Reads are not passed
+/// through: containerd stacks the container's overlay on the chain mount,
+/// and the kernel stacks at most two levels.
+pub(crate) struct ChainMounter {
+    pub lazy_fetch: LazyFetch,
+    pub fetch_timeout: Duration,
+    pub coalesce: u64,
+}
+
+impl cairn_snapshotter::LazyMounter for ChainMounter {
+    fn mount(&self, root: &Path, image: &str, target: &Path) -> Result<(), String> {
+        let exe = fs::read_link("/proc/self/exe")
+            .map_err(|e| format!("finding the cairn binary (/proc/self/exe): {e}"))?;
+        let o = std::process::Command::new(&exe)
+            .arg("--root")
+            .arg(root)
+            .args(["mount", "--lazy", "--no-passthrough", "--verity", "off"])
+            .arg("--lazy-fetch")
+            .arg(match self.lazy_fetch {
+                LazyFetch::Background => "background",
+                LazyFetch::OnDemand => "on-demand",
+            })
+            .arg("--fetch-timeout")
+            .arg(format!("{}ms", self.fetch_timeout.as_millis()))
+            .arg("--coalesce")
+            .arg(self.coalesce.to_string())
+            .arg(image)
+            .arg(target)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("running {} mount --lazy: {e}", exe.display()))?;
+        if !o.status.success() {
+            return Err(format!(
+                "cairn mount --lazy ({}): {}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The server child's standard streams: /dev/null, and its log.
 struct Detached {
     devnull: fs::File,
@@ -682,6 +734,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
         max_background_fetches: BACKGROUND_JOBS,
         record_opens: settings.lazy.record_prefetch.is_some(),
         resumable: Some(served.journal.clone()),
+        passthrough: !settings.lazy.no_passthrough,
         ..ServeOptions::default()
     };
     let device = match served.device.try_clone() {
@@ -1157,6 +1210,8 @@ struct WorkerSpec {
     fetch_timeout_ms: u64,
     coalesce: u64,
     record_prefetch: Option<PathBuf>,
+    #[serde(default)]
+    no_passthrough: bool,
     insecure: bool,
     connect_timeout_ms: u64,
     read_timeout_ms: u64,
@@ -1192,6 +1247,7 @@ fn exec_worker(served: &Served, exe: &Path) -> io::Error {
         fetch_timeout_ms: s.lazy.fetch_timeout.as_millis() as u64,
         coalesce: s.lazy.coalesce,
         record_prefetch: s.lazy.record_prefetch.clone(),
+        no_passthrough: s.lazy.no_passthrough,
         insecure: c.insecure,
         connect_timeout_ms: c.connect_timeout.as_millis() as u64,
         read_timeout_ms: c.read_timeout.as_millis() as u64,
@@ -1347,6 +1403,7 @@ fn lazy_worker() -> Result<i32> {
                 fetch_timeout,
                 coalesce: spec.coalesce,
                 record_prefetch: spec.record_prefetch,
+                no_passthrough: spec.no_passthrough,
             },
             client,
         },

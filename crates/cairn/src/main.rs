@@ -123,6 +123,18 @@ enum Command {
         /// The unix socket to listen on (its directory is created 0700).
         #[arg(long, default_value = "/run/cairn/snapshotter.sock")]
         address: PathBuf,
+        /// The remote path pulls every image in full, even where it has a cairn lazy artifact.
+        #[arg(long)]
+        no_lazy: bool,
+        /// For images pulled lazily: fetch the rest of the image in the background once a container's rootfs stands on it, or only what is read.
+        #[arg(long, value_enum, default_value = "background")]
+        lazy_fetch: lazy_mount::LazyFetch,
+        /// For images pulled lazily: an open of a missing file fails with EIO after this long without its data.
+        #[arg(long, default_value = "30s", value_parser = lazy_mount::parse_duration)]
+        fetch_timeout: std::time::Duration,
+        /// For images pulled lazily: a missing file is fetched with the missing files after it in its pack, in one request of at most this many bytes (0: alone).
+        #[arg(long, default_value = "1M", value_parser = lazy_mount::parse_bytes)]
+        coalesce: u64,
     },
     /// The servers of lazy mounts (`mount --lazy`, `run --lazy`): list them, restart one.
     #[command(subcommand)]
@@ -302,8 +314,25 @@ fn run(cli: Cli) -> Result<()> {
         Command::Containers(cmd) => run_cmds::run(g, cmd),
         Command::Import(args) => import::import(g, &args),
         Command::Export(args) => import::export(g, &args),
-        Command::Snapshotter { address } => cairn_snapshotter::serve(&g.root, &address)
-            .with_context(|| format!("snapshotter on {}", address.display())),
+        Command::Snapshotter {
+            address,
+            no_lazy,
+            lazy_fetch,
+            fetch_timeout,
+            coalesce,
+        } => {
+            let options = cairn_snapshotter::Options {
+                lazy: (!no_lazy).then(|| {
+                    std::sync::Arc::new(lazy_mount::ChainMounter {
+                        lazy_fetch,
+                        fetch_timeout,
+                        coalesce,
+                    }) as std::sync::Arc<dyn cairn_snapshotter::LazyMounter>
+                }),
+            };
+            cairn_snapshotter::serve_with(&g.root, &address, options)
+                .with_context(|| format!("snapshotter on {}", address.display()))
+        }
     }
 }
 
