@@ -35,6 +35,7 @@ PACKAGES=(
   musl-tools        # musl-gcc: cairn is a static musl binary (.cargo/config.toml)
   containerd runc   # `cairn snapshotter` tests: containerd 1.6 and ctr, runc for ctr run
   golang-github-containerd-containerd-dev  # containerd's snapshotter suite (tests/containerd-suite)
+  stargz-snapshotter  # ctr-remote: eStargz images for the lazy eStargz tests
   golang-go         # builds that suite in GOPATH mode (/usr/local/go is used where present)
   qemu-system-x86 cpio kmod xz-utils zstd  # the kernel matrix (scripts/vm-test.sh): boot, initramfs, modules
 )

@@ -37,7 +37,9 @@ while [ $# -gt 0 ]; do
     *) cairn=$1; shift ;;
   esac
 done
-cairn=$(readlink -f "$cairn")
+# -m: a missing path is named in the error below (with -f, `set -e` would
+# end the script here without a word when its directory is missing too).
+cairn=$(readlink -m "$cairn")
 
 die() {
   printf 'make-demo-image.sh: error: %s\n' "$*" >&2

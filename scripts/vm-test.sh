@@ -253,15 +253,23 @@ mount -t ext4 /dev/vda /scratch || echo "CAIRN-VM: cannot mount the scratch disk
 mkdir -p /scratch/tmp
 mount --bind /scratch/tmp /tmp
 echo "CAIRN-VM: kernel $(uname -r)"
-cairn probe >/tmp/probe.txt 2>&1
+# The store's filesystem is the scratch disk's (/tmp is bound there).
+mkdir -p /tmp/probe-store
+CAIRN_ROOT=/tmp/probe-store cairn probe >/tmp/probe.txt 2>&1
 cat /tmp/probe.txt
+probe_rc=0
 if grep -q "^cairn mount and cairn run: supported" /tmp/probe.txt; then
   # ext4 with fs-verity (the scratch disk has the feature): the verity
-  # tests must then take the kernel's branch. (Not the probe's fs-verity
-  # line: it asks cairn's own binary, here on a tmpfs.)
+  # tests must then take the kernel's branch, and the probe's line for the
+  # store's filesystem must say so. (Not the line "fs-verity": it asks
+  # cairn's own binary, here on a tmpfs.)
   if [ -e /sys/fs/ext4/features/verity ]; then
     export CAIRN_TEST_EXPECT_VERITY=1
     echo "CAIRN-VM: ext4 has fs-verity: the verity tests must take the kernel's branch"
+    if ! grep -q "^  yes  fs-verity on the store's filesystem (/tmp/probe-store)" /tmp/probe.txt; then
+      echo "CAIRN-VM: FAILED: cairn probe does not see fs-verity on the store's ext4"
+      probe_rc=1
+    fi
   fi
 else
   # The kernel lacks the stack: what is left to test is that cairn says so
@@ -269,7 +277,7 @@ else
   echo "CAIRN-VM: this kernel cannot run the composefs stack; testing its refusal only"
   refusal=check
 fi
-rc=0
+rc=$probe_rc
 if [ -x /cairn/bench.sh ]; then
   /cairn/bench.sh || rc=1
   echo "CAIRN-VM-EXIT $rc"

@@ -20,7 +20,7 @@
 //! 1. the server mounts the FUSE layer at `<store>/lazy/<name>/` and says
 //!    "ready" (or why not) through a pipe;
 //! 2. `cairn mount` stacks and attaches the overlay on it, then tells the
-//!    server through a second pipe; if anything fails, it closes that pipe
+//!    server through a socket pair; if anything fails, it closes its end
 //!    without a word and the server unmounts the layer and exits;
 //! 3. told, the server detaches the FUSE mount (it leaves the mount table;
 //!    the overlay keeps it alive), removes its directory and serves until
@@ -52,8 +52,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use cairn_fuse::{FetchError, ObjectSource, ServeOptions};
-use cairn_remote::RemoteObjects;
-use cairn_store::{ObjectId, Store};
+use cairn_remote::{EstargzObjects, RemoteObjects};
+use cairn_store::{ObjectId, StagedObject, Store};
 
 /// What is fetched besides what is opened.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -80,6 +80,9 @@ pub(crate) struct LazyArgs {
     /// With --lazy: when the layer goes away (the container exited, the mount is gone), write the paths of the files that were opened, in first-open order, one a line, to FILE (for `cairn push --prefetch FILE`).
     #[arg(long, value_name = "FILE")]
     pub record_prefetch: Option<PathBuf>,
+    /// With --lazy: serve every read through the FUSE layer instead of passing local files through to the store's (needed when another overlayfs is stacked on the mount, as containerd's containers are on `cairn snapshotter`'s: the kernel stacks at most two levels).
+    #[arg(long)]
+    pub no_passthrough: bool,
 }
 
 impl Default for LazyArgs {
@@ -89,12 +92,13 @@ impl Default for LazyArgs {
             fetch_timeout: Duration::from_secs(30),
             coalesce: cairn_remote::DEFAULT_COALESCE,
             record_prefetch: None,
+            no_passthrough: false,
         }
     }
 }
 
 /// A byte count: a plain number, or one with K, M or G.
-fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     match s.trim().parse::<u64>() {
         Ok(n) => Ok(n),
         Err(_) => crate::parse_size(s),
@@ -128,52 +132,112 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// chunked object's requests one after another).
 const BACKGROUND_JOBS: usize = 2;
 
-/// The image's lazy artifact as the FUSE layer's source of objects: one
-/// object streamed whole, or a run of neighbours of one pack in one range
-/// request of at most `coalesce` bytes.
+/// Where an incomplete image's objects come from: its cairn artifact, or
+/// (an eStargz image pulled through its TOCs) its layer blobs.
+enum Remote {
+    Artifact(RemoteObjects),
+    Estargz(EstargzObjects),
+}
+
+impl Remote {
+    /// Opens the lazy source of the store's incomplete image `digest`.
+    fn open(
+        store: &Store,
+        digest: &str,
+        client: &cairn_oci::ClientOptions,
+    ) -> Result<Remote, cairn_remote::RemoteError> {
+        if EstargzObjects::is_estargz(store, digest) {
+            EstargzObjects::open(store, digest, client).map(Remote::Estargz)
+        } else {
+            RemoteObjects::open(store, digest, client).map(Remote::Artifact)
+        }
+    }
+}
+
+/// The image's lazy source as the FUSE layer's source of objects: for a
+/// cairn artifact, one object streamed whole, or a run of neighbours of
+/// one pack in one range request of at most `coalesce` bytes; for an
+/// eStargz image, a file chunk by chunk (each chunk checked against its
+/// TOC digest), named by its sha256 and stored under its fs-verity digest.
 struct RemoteSource {
-    remote: RemoteObjects,
+    remote: Remote,
     coalesce: u64,
 }
 
 impl ObjectSource for RemoteSource {
     fn size(&self, id: &ObjectId) -> Option<u64> {
-        self.remote.size(id)
+        match &self.remote {
+            Remote::Artifact(r) => r.size(id),
+            Remote::Estargz(e) => e.size(id),
+        }
     }
 
     fn fetch(&self, id: &ObjectId, out: &mut dyn Write) -> Result<(), FetchError> {
-        self.remote
-            .fetch(id, out)
-            .map(|_| ())
-            .map_err(|e| FetchError::Other(e.to_string()))
+        match &self.remote {
+            Remote::Artifact(r) => r.fetch(id, out).map(|_| ()),
+            Remote::Estargz(e) => e.fetch(id, out),
+        }
+        .map_err(|e| FetchError::Other(e.to_string()))
     }
 
     fn group(&self, store: &Store, id: &ObjectId) -> Vec<ObjectId> {
-        if self.coalesce == 0 {
-            return vec![*id];
+        match &self.remote {
+            Remote::Artifact(r) if self.coalesce > 0 => r
+                .neighbours(store, id, self.coalesce)
+                .unwrap_or_else(|_| vec![*id]),
+            _ => vec![*id],
         }
-        self.remote
-            .neighbours(store, id, self.coalesce)
-            .unwrap_or_else(|_| vec![*id])
     }
 
-    fn publish_group(&self, store: &Store, group: &[ObjectId]) -> Option<Result<(), FetchError>> {
-        Some(
-            self.remote
-                .publish_group(store, group)
-                .map_err(|e| FetchError::Other(e.to_string())),
-        )
+    fn stage_group(
+        &self,
+        store: &Store,
+        group: &[ObjectId],
+    ) -> Option<Result<Vec<StagedObject>, FetchError>> {
+        match &self.remote {
+            Remote::Artifact(r) => Some(
+                r.stage_run(store, group)
+                    .map_err(|e| FetchError::Other(e.to_string())),
+            ),
+            Remote::Estargz(_) => None,
+        }
     }
 
     fn chunks(&self, id: &ObjectId) -> Option<Vec<u64>> {
-        self.remote.chunk_starts(id)
+        match &self.remote {
+            Remote::Artifact(r) => r.chunk_starts(id),
+            Remote::Estargz(e) => e.chunk_starts(id),
+        }
     }
 
     fn fetch_chunk(&self, id: &ObjectId, k: usize) -> Result<Vec<u8>, FetchError> {
-        match self.remote.fetch_chunk(id, k) {
-            Ok(Some(data)) => Ok(data),
-            Ok(None) => Err(FetchError::Other(format!("object {id} has no chunk {k}"))),
-            Err(e) => Err(FetchError::Other(e.to_string())),
+        match &self.remote {
+            Remote::Artifact(r) => match r.fetch_chunk(id, k) {
+                Ok(Some(data)) => Ok(data),
+                Ok(None) => Err(FetchError::Other(format!("object {id} has no chunk {k}"))),
+                Err(e) => Err(FetchError::Other(e.to_string())),
+            },
+            Remote::Estargz(e) => e
+                .fetch_chunk(id, k)
+                .map_err(|e| FetchError::Other(e.to_string())),
+        }
+    }
+
+    fn foreign_names(&self) -> bool {
+        matches!(self.remote, Remote::Estargz(_))
+    }
+
+    fn local_id(&self, id: &ObjectId) -> Option<ObjectId> {
+        match &self.remote {
+            Remote::Artifact(_) => Some(*id),
+            Remote::Estargz(e) => e.local_id(id),
+        }
+    }
+
+    fn accept(&self, id: &ObjectId, sha256: &[u8; 32], stored: &ObjectId) -> Result<(), String> {
+        match &self.remote {
+            Remote::Artifact(_) => Err(format!("object {id}: named by its fs-verity digest")),
+            Remote::Estargz(e) => e.accept(id, sha256, stored),
         }
     }
 }
@@ -206,7 +270,7 @@ impl LazyLayer {
         // up on an idle connection after `--fetch-timeout` at most.
         let mut server_client = client.clone();
         server_client.read_timeout = server_client.read_timeout.min(lazy.fetch_timeout);
-        let remote = RemoteObjects::open(&store, digest, &server_client)
+        let remote = Remote::open(&store, digest, &server_client)
             .with_context(|| format!("opening the lazy source of image {digest}"))?;
         let mut lazy_args = lazy.clone();
         if let Some(f) = &lazy_args.record_prefetch {
@@ -240,7 +304,18 @@ impl LazyLayer {
             bail!("cannot fork the lazy layer's server: this process has {threads} threads");
         }
         let (ready_r, ready_w) = pipe()?;
-        let (attached_r, attached_w) = pipe()?;
+        // A socket, not a pipe: a worker reads the byte with MSG_PEEK,
+        // leaving it for a successor if it is killed before it marks the
+        // journal (a pipe's byte, once read, would be gone, and the
+        // successor would take the closed, empty pipe for a failure).
+        let (attached_r, attached_w) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(io::Error::from)
+        .context("making a socket pair for the lazy layer's server")?;
         let lazy = store.root().join("lazy");
         fs::DirBuilder::new()
             .mode(0o700)
@@ -363,6 +438,54 @@ impl Drop for LazyLayer {
     }
 }
 
+/// `cairn snapshotter`'s chain mounter for incomplete images: the
+/// snapshotter is a multi-threaded process and cannot fork a lazy server
+/// ([`LazyLayer::start`] needs one thread), so it runs `cairn mount --lazy`
+/// of this very binary, which forks the server, mounts the image
+/// read-only at the chain's directory and exits. The server belongs to no
+/// snapshotter: it outlives a restart of it and goes when the chain mount
+/// goes (docs/snapshotter.md, "The lazy remote path"). Reads are not passed
+/// through: containerd stacks the container's overlay on the chain mount,
+/// and the kernel stacks at most two levels.
+pub(crate) struct ChainMounter {
+    pub lazy_fetch: LazyFetch,
+    pub fetch_timeout: Duration,
+    pub coalesce: u64,
+}
+
+impl cairn_snapshotter::LazyMounter for ChainMounter {
+    fn mount(&self, root: &Path, image: &str, target: &Path) -> Result<(), String> {
+        let exe = fs::read_link("/proc/self/exe")
+            .map_err(|e| format!("finding the cairn binary (/proc/self/exe): {e}"))?;
+        let o = std::process::Command::new(&exe)
+            .arg("--root")
+            .arg(root)
+            .args(["mount", "--lazy", "--no-passthrough", "--verity", "off"])
+            .arg("--lazy-fetch")
+            .arg(match self.lazy_fetch {
+                LazyFetch::Background => "background",
+                LazyFetch::OnDemand => "on-demand",
+            })
+            .arg("--fetch-timeout")
+            .arg(format!("{}ms", self.fetch_timeout.as_millis()))
+            .arg("--coalesce")
+            .arg(self.coalesce.to_string())
+            .arg(image)
+            .arg(target)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("running {} mount --lazy: {e}", exe.display()))?;
+        if !o.status.success() {
+            return Err(format!(
+                "cairn mount --lazy ({}): {}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The server child's standard streams: /dev/null, and its log.
 struct Detached {
     devnull: fs::File,
@@ -379,7 +502,7 @@ struct Settings {
 struct Served {
     /// Taken by each worker (a fork: the supervisor's copy stays).
     store: Option<Store>,
-    remote: Option<RemoteObjects>,
+    remote: Option<Remote>,
     /// The FUSE mountpoint (detached once the overlay stands on it).
     dir: PathBuf,
     log_path: PathBuf,
@@ -393,7 +516,7 @@ struct Served {
     /// The connection: the supervisor's descriptor keeps it alive while
     /// no worker runs.
     device: OwnedFd,
-    /// The pipe on which `cairn mount` tells that the overlay is attached
+    /// The socket on which `cairn mount` tells that the overlay is attached
     /// (one byte) or that it failed (closed without a word).
     attached: Option<fs::File>,
     /// The `cairn` binary the mount was started from: successors run
@@ -611,6 +734,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
         max_background_fetches: BACKGROUND_JOBS,
         record_opens: settings.lazy.record_prefetch.is_some(),
         resumable: Some(served.journal.clone()),
+        passthrough: !settings.lazy.no_passthrough,
         ..ServeOptions::default()
     };
     let device = match served.device.try_clone() {
@@ -653,7 +777,13 @@ fn worker(served: &mut Served, start: Start) -> i32 {
             }
         }
         Start::Successor => {
-            let mounted = !journal.marked(mark::DETACHED);
+            // A predecessor killed between detaching the layer and marking
+            // it leaves the mark unset: the mount table says. (Not a stat
+            // of `dir`: it would ask this very server, not serving yet.)
+            let mounted = !journal.marked(mark::DETACHED)
+                && cairn_mount::mount_table()
+                    .map(|t| t.iter().any(|m| m.mount_point == dir))
+                    .unwrap_or(true);
             match cairn_fuse::resume(device, store.clone(), source.clone(), dir, mounted, options) {
                 Ok(m) => {
                     eprintln!(
@@ -671,8 +801,14 @@ fn worker(served: &mut Served, start: Start) -> i32 {
     };
     let told = journal.marked(mark::TOLD) || {
         let mut byte = [0u8; 1];
-        let told = match served.attached.as_mut() {
-            Some(a) => matches!(a.read(&mut byte), Ok(1)),
+        // Peeked, not read: the byte stays for a successor (see `start`).
+        let told = match served.attached.as_ref() {
+            Some(a) => loop {
+                match rustix::net::recv(a, &mut byte, rustix::net::RecvFlags::PEEK) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    r => break matches!(r, Ok((1, _))),
+                }
+            },
             None => false,
         };
         if told {
@@ -779,21 +915,38 @@ fn background(
     client: &cairn_oci::ClientOptions,
 ) {
     const ATTEMPTS: u32 = 8;
-    let mut order = match source.remote.prefetch_list() {
-        Ok(list) => list,
-        Err(e) => {
-            eprintln!(
-                "cairn lazy layer for image {digest}: the prefetch list: {e}; going on without it"
-            );
-            Vec::new()
-        }
+    let (mut order, rest) = match &source.remote {
+        Remote::Artifact(r) => match r.prefetch_list() {
+            Ok(list) => (list, r.pack_order()),
+            Err(e) => {
+                eprintln!(
+                    "cairn lazy layer for image {digest}: the prefetch list: {e}; going on \
+                     without it"
+                );
+                (Vec::new(), r.pack_order())
+            }
+        },
+        // The files before each layer's prefetch landmark first.
+        Remote::Estargz(e) => (e.prefetch_order().to_vec(), e.all_files().to_vec()),
     };
     let mut seen: std::collections::HashSet<ObjectId> = order.iter().copied().collect();
-    for id in source.remote.pack_order() {
+    for id in rest {
         if seen.insert(id) {
             order.push(id);
         }
     }
+    if let Remote::Estargz(_) = &source.remote {
+        // The TOCs list files that upper layers delete: only what the
+        // image uses.
+        match store.image_contents(digest) {
+            Ok(c) => order.retain(|id| c.objects.contains_key(id)),
+            Err(e) => {
+                eprintln!("cairn lazy layer for image {digest}: no background fetch: {e}");
+                return;
+            }
+        }
+    }
+    let local = |id: &ObjectId| source.local_id(id).is_some_and(|l| store.has_object(&l));
     drop(seen);
     let next = AtomicUsize::new(0);
     let given_up = AtomicUsize::new(0);
@@ -806,7 +959,7 @@ fn background(
         };
         let mut wait = Duration::from_secs(1);
         for attempt in 1..=ATTEMPTS {
-            if store.has_object(id) || bg.stopped() {
+            if local(id) || bg.stopped() {
                 break;
             }
             match bg.fetch(id) {
@@ -839,12 +992,19 @@ fn background(
     if bg.stopped() {
         return;
     }
-    let missing = order.iter().filter(|id| !store.has_object(id)).count();
+    let missing = order.iter().filter(|id| !local(id)).count();
     if missing > 0 {
         eprintln!(
             "cairn lazy layer for image {digest}: background fetch done; {missing} objects still \
              missing ({} given up on); the image stays incomplete",
             given_up.load(Ordering::Relaxed)
+        );
+        return;
+    }
+    if let Remote::Estargz(_) = source.remote {
+        eprintln!(
+            "cairn lazy layer for image {digest}: every file is local; `cairn fetch` completes \
+             the image"
         );
         return;
     }
@@ -1038,7 +1198,7 @@ pub(crate) fn command(root: &Path, cmd: LazyCommand) -> Result<()> {
 
 /// What a successor that runs a new binary (`cairn lazy worker`) is told,
 /// as JSON on descriptor 6; descriptors 3, 4 and 5 are the connection, the
-/// journal and (if `attached`) the "attached" pipe, and stderr is the log.
+/// journal and (if `attached`) the "attached" socket, and stderr is the log.
 /// The format is between one cairn and the next: fields may be added.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct WorkerSpec {
@@ -1050,6 +1210,8 @@ struct WorkerSpec {
     fetch_timeout_ms: u64,
     coalesce: u64,
     record_prefetch: Option<PathBuf>,
+    #[serde(default)]
+    no_passthrough: bool,
     insecure: bool,
     connect_timeout_ms: u64,
     read_timeout_ms: u64,
@@ -1068,7 +1230,7 @@ const FD_ATTACHED: i32 = 5;
 const FD_SPEC: i32 = 6;
 
 /// In a forked child of the supervisor: runs `exe lazy worker` with the
-/// connection, the journal, the pipe and the settings. Returns only if
+/// connection, the journal, the socket and the settings. Returns only if
 /// that could not be done.
 fn exec_worker(served: &Served, exe: &Path) -> io::Error {
     let Some(store) = served.store.as_ref() else {
@@ -1085,6 +1247,7 @@ fn exec_worker(served: &Served, exe: &Path) -> io::Error {
         fetch_timeout_ms: s.lazy.fetch_timeout.as_millis() as u64,
         coalesce: s.lazy.coalesce,
         record_prefetch: s.lazy.record_prefetch.clone(),
+        no_passthrough: s.lazy.no_passthrough,
         insecure: c.insecure,
         connect_timeout_ms: c.connect_timeout.as_millis() as u64,
         read_timeout_ms: c.read_timeout.as_millis() as u64,
@@ -1213,7 +1376,7 @@ fn lazy_worker() -> Result<i32> {
     };
     let mut server_client = client.clone();
     server_client.read_timeout = server_client.read_timeout.min(fetch_timeout);
-    let remote = match RemoteObjects::open(&store, &spec.digest, &server_client) {
+    let remote = match Remote::open(&store, &spec.digest, &server_client) {
         Ok(r) => Some(r),
         Err(e) => {
             eprintln!(
@@ -1240,6 +1403,7 @@ fn lazy_worker() -> Result<i32> {
                 fetch_timeout,
                 coalesce: spec.coalesce,
                 record_prefetch: spec.record_prefetch,
+                no_passthrough: spec.no_passthrough,
             },
             client,
         },

@@ -123,6 +123,18 @@ enum Command {
         /// The unix socket to listen on (its directory is created 0700).
         #[arg(long, default_value = "/run/cairn/snapshotter.sock")]
         address: PathBuf,
+        /// The remote path pulls every image in full, even where it has a cairn lazy artifact.
+        #[arg(long)]
+        no_lazy: bool,
+        /// For images pulled lazily: fetch the rest of the image in the background once a container's rootfs stands on it, or only what is read.
+        #[arg(long, value_enum, default_value = "background")]
+        lazy_fetch: lazy_mount::LazyFetch,
+        /// For images pulled lazily: an open of a missing file fails with EIO after this long without its data.
+        #[arg(long, default_value = "30s", value_parser = lazy_mount::parse_duration)]
+        fetch_timeout: std::time::Duration,
+        /// For images pulled lazily: a missing file is fetched with the missing files after it in its pack, in one request of at most this many bytes (0: alone).
+        #[arg(long, default_value = "1M", value_parser = lazy_mount::parse_bytes)]
+        coalesce: u64,
     },
     /// The servers of lazy mounts (`mount --lazy`, `run --lazy`): list them, restart one.
     #[command(subcommand)]
@@ -302,8 +314,25 @@ fn run(cli: Cli) -> Result<()> {
         Command::Containers(cmd) => run_cmds::run(g, cmd),
         Command::Import(args) => import::import(g, &args),
         Command::Export(args) => import::export(g, &args),
-        Command::Snapshotter { address } => cairn_snapshotter::serve(&g.root, &address)
-            .with_context(|| format!("snapshotter on {}", address.display())),
+        Command::Snapshotter {
+            address,
+            no_lazy,
+            lazy_fetch,
+            fetch_timeout,
+            coalesce,
+        } => {
+            let options = cairn_snapshotter::Options {
+                lazy: (!no_lazy).then(|| {
+                    std::sync::Arc::new(lazy_mount::ChainMounter {
+                        lazy_fetch,
+                        fetch_timeout,
+                        coalesce,
+                    }) as std::sync::Arc<dyn cairn_snapshotter::LazyMounter>
+                }),
+            };
+            cairn_snapshotter::serve_with(&g.root, &address, options)
+                .with_context(|| format!("snapshotter on {}", address.display()))
+        }
     }
 }
 
@@ -330,6 +359,23 @@ fn probe(g: &Global) -> Result<()> {
         present: answer.is_ok(),
         detail: answer.unwrap_or_else(|e| e.to_string()),
     };
+    // The fs-verity row above asks through cairn's own file; what sealing
+    // needs is the store's filesystem (its root, or the nearest directory
+    // above it that exists).
+    let store_dir = g
+        .root
+        .ancestors()
+        .find(|p| p.is_dir())
+        .unwrap_or(Path::new("/"));
+    let verity = cairn_mount::probe::verity_support_at(store_dir);
+    rows.push(Row {
+        feature: format!(
+            "fs-verity on the store's filesystem ({})",
+            store_dir.display()
+        ),
+        present: matches!(verity, cairn_mount::Support::Present),
+        detail: format!("{verity:?}"),
+    });
     rows.push(summary(
         "EROFS image path",
         features.erofs_path().map(|p| p.to_string()),
@@ -341,7 +387,25 @@ fn probe(g: &Global) -> Result<()> {
             .and_then(|()| features.erofs_path())
             .map(|_| format!("supported; overlay layers {}", features.layer_path())),
     ));
-    output(g, &rows, |_| features.to_string())
+    // In the feature list's own form, right after it.
+    let store_line = match &verity {
+        cairn_mount::Support::Present => format!(
+            "  yes  fs-verity on the store's filesystem ({}): new objects and images are sealed",
+            store_dir.display()
+        ),
+        cairn_mount::Support::Absent(why) | cairn_mount::Support::NotPermitted(why) => format!(
+            "  no   fs-verity on the store's filesystem ({}): {why}",
+            store_dir.display()
+        ),
+    };
+    output(g, &rows, |_| {
+        let text = features.to_string();
+        // After the feature rows, before the summary that follows them.
+        match text.find("\nEROFS images") {
+            Some(at) => format!("{}\n{store_line}{}", &text[..at], &text[at..]),
+            None => format!("{text}\n{store_line}"),
+        }
+    })
 }
 
 /// The first block of an image file: composefs header and superblock.

@@ -157,7 +157,14 @@ pub fn fetch(g: &Global, args: &FetchArgs) -> Result<()> {
     };
     output(g, &out, |o| {
         let r = &o.report;
-        if r.was_complete {
+        if let Some(done) = &r.completed_as {
+            format!(
+                "completed eStargz image {} by pulling its layers: image {} ({:.1} s)",
+                &r.image_digest[..12],
+                &done[..12.min(done.len())],
+                o.seconds
+            )
+        } else if r.was_complete {
             format!(
                 "image {} is complete ({} objects)",
                 &r.image_digest[..12],

@@ -201,8 +201,14 @@ fn privileged_snapshotter_containerd2_suite() {
     containerd_suite(Ctd::V24);
 }
 
+/// The two suites one after the other: each checks at its end that no
+/// mount of a suite (`/snapshot-suite-cairn-*`) is left, which would see
+/// the other's live mounts if they overlapped.
+static SUITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn containerd_suite(v: Ctd) {
     require_root();
+    let _one_suite_at_a_time = SUITES.lock().unwrap_or_else(|p| p.into_inner());
     let bin = build_suite(v);
     let run = |args: &[&str]| {
         Command::new(&bin)
@@ -379,6 +385,8 @@ struct Daemons {
     dir: tempfile::TempDir,
     containerd: Child,
     snapshotter: Child,
+    /// Extra arguments of `cairn snapshotter`.
+    snap_args: Vec<String>,
 }
 
 fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
@@ -391,6 +399,11 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 
 impl Daemons {
     fn start(version: Ctd) -> Daemons {
+        Daemons::start_with(version, &[])
+    }
+
+    fn start_with(version: Ctd, snap_args: &[&str]) -> Daemons {
+        let snap_args: Vec<String> = snap_args.iter().map(|a| a.to_string()).collect();
         version.check_installed();
         let dir = tempfile::Builder::new()
             .prefix("cairn-ctr-")
@@ -398,7 +411,7 @@ impl Daemons {
             .unwrap();
         let d = dir.path();
         let snap_sock = d.join("cairn/snapshotter.sock");
-        let snapshotter = spawn_snapshotter(d);
+        let snapshotter = spawn_snapshotter(d, &snap_args);
         let config = match version {
             Ctd::V16 => format!(
                 r#"version = 2
@@ -483,6 +496,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
             dir,
             containerd,
             snapshotter,
+            snap_args,
         };
         wait_for("containerd", || ds.ctr_out(&["version"]).status.success());
         let _ = &mut ds;
@@ -532,7 +546,7 @@ fn unmount_under(root: &Path) {
 
 /// Starts `cairn snapshotter` on `<d>/store`, socket `<d>/cairn/snapshotter.sock`,
 /// its log appended to `<d>/snapshotter.log`; returns once the socket is there.
-fn spawn_snapshotter(d: &Path) -> Child {
+fn spawn_snapshotter(d: &Path, args: &[String]) -> Child {
     let snap_sock = d.join("cairn/snapshotter.sock");
     let _ = std::fs::remove_file(&snap_sock);
     let log = std::fs::File::options()
@@ -546,6 +560,7 @@ fn spawn_snapshotter(d: &Path) -> Child {
         .arg("snapshotter")
         .arg("--address")
         .arg(&snap_sock)
+        .args(args)
         .env_remove("CAIRN_ROOT")
         .env("CAIRN_LOG", "info")
         .stdout(Stdio::null())
@@ -562,7 +577,7 @@ impl Daemons {
     fn kill_and_restart_snapshotter(&mut self) {
         self.snapshotter.kill().unwrap();
         self.snapshotter.wait().unwrap();
-        self.snapshotter = spawn_snapshotter(self.dir.path());
+        self.snapshotter = spawn_snapshotter(self.dir.path(), &self.snap_args);
     }
 }
 
@@ -874,7 +889,7 @@ fn privileged_snapshotter_restart_while_running() {
         "the container stopped with the snapshotter: {tasks}"
     );
     assert_eq!(exec(&ds, 1), before, "rootfs read with no snapshotter");
-    ds.snapshotter = spawn_snapshotter(ds.dir.path());
+    ds.snapshotter = spawn_snapshotter(ds.dir.path(), &ds.snap_args);
     let _stop = Stop(&ds, id);
     assert_eq!(exec(&ds, 2), before, "rootfs read after the restart");
     let tasks = ds.ctr(&["task", "ls"]);
@@ -941,6 +956,8 @@ fn privileged_snapshotter_restart_while_running() {
 struct CountingProxy {
     addr: String,
     requests: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    /// While set, requests from cairn (its User-Agent) are held back.
+    stall_cairn: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl CountingProxy {
@@ -950,7 +967,8 @@ impl CountingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (up, reqs) = (upstream.to_owned(), requests.clone());
+        let stall_cairn = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (up, reqs, stall) = (upstream.to_owned(), requests.clone(), stall_cairn.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(mut client) = client else { continue };
@@ -963,6 +981,7 @@ impl CountingProxy {
                     let _ = c2.shutdown(std::net::Shutdown::Both);
                 });
                 let reqs = reqs.clone();
+                let stall = stall.clone();
                 std::thread::spawn(move || {
                     let mut pending = Vec::new();
                     let mut buf = [0u8; 16384];
@@ -984,7 +1003,11 @@ impl CountingProxy {
                                         .map(|(_, v)| v.trim().to_owned())
                                 })
                                 .unwrap_or_default();
+                            let held = ua.starts_with("cairn/");
                             reqs.lock().unwrap().push((line, ua));
+                            while held && stall.load(std::sync::atomic::Ordering::SeqCst) {
+                                std::thread::sleep(Duration::from_millis(50));
+                            }
                         }
                         if server.write_all(&buf[..n]).is_err() {
                             break;
@@ -994,7 +1017,11 @@ impl CountingProxy {
                 });
             }
         });
-        CountingProxy { addr, requests }
+        CountingProxy {
+            addr,
+            requests,
+            stall_cairn,
+        }
     }
 
     /// `(user agent, digest)` of every blob GET so far.
@@ -1136,4 +1163,500 @@ fn remote_pull(v: Ctd) {
         "the remote path's container prints differently"
     );
     cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
+}
+
+// ---------------------------------------------------------------------
+// The lazy remote path: the image has a cairn lazy artifact (`cairn
+// push`), and the remote path pulls only its metadata.
+// ---------------------------------------------------------------------
+
+/// The manifest `tag` of the test repository, read from the registry at
+/// `upstream` directly (not through a counting proxy).
+fn manifest_at(upstream: &str, tag: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(upstream).unwrap();
+    write!(
+        c,
+        "GET /v2/{REPO}/manifests/{tag} HTTP/1.0\r\nHost: {upstream}\r\nAccept: {OCI_MANIFEST}\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = Vec::new();
+    c.read_to_end(&mut resp).unwrap();
+    let body = resp.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    serde_json::from_slice(&resp[body..]).expect("a manifest")
+}
+
+/// Pushes the test image's cairn lazy artifact (pulled into a scratch
+/// store, then `cairn push`ed next to it); returns the artifact's pack
+/// digests and its EROFS blob's.
+fn push_lazy_artifact(direct: &str, upstream: &str) -> (BTreeSet<String>, String) {
+    let scratch = tempfile::Builder::new()
+        .prefix("cairn-lazy-src-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    cairn_ok_at(scratch.path(), &["pull", "-q", direct]);
+    cairn_ok_at(
+        scratch.path(),
+        &[
+            "push",
+            "-q",
+            direct,
+            &format!("{upstream}/{REPO}:{TAG}-lazy"),
+            "--pack-size",
+            "1M",
+        ],
+    );
+    let artifact = manifest_at(upstream, &format!("{TAG}-lazy"));
+    let packs: BTreeSet<String> = artifact["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.pack")
+        .map(|l| l["digest"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!packs.is_empty(), "{artifact}");
+    let erofs = artifact["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.erofs+zstd")
+        .map(|l| l["digest"].as_str().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no EROFS blob in {artifact}"));
+    (packs, erofs)
+}
+
+/// The lazy remote path, and a restart of the snapshotter under a
+/// container whose rootfs stands on a lazy chain mount: containerd pulls
+/// with the CRI's labels (the Go client), every layer is committed from
+/// the image's cairn lazy artifact, no layer blob and no pack is fetched
+/// by the pull; `ctr run` prints what containerd's overlayfs snapshotter
+/// prints, fetching (by range) only what it reads; the snapshotter is
+/// SIGKILLed while a container runs, which keeps reading files not
+/// fetched before (the lazy server is not the snapshotter's), a new
+/// snapshotter adopts the chain mount and a new `ctr run` works.
+#[test]
+fn privileged_snapshotter_lazy_remote_pull_and_restart() {
+    lazy_remote_pull_and_restart(Ctd::V16);
+}
+
+/// The same with containerd 2.4.2 and its client.
+#[test]
+fn privileged_snapshotter_containerd2_lazy_remote_pull_and_restart() {
+    lazy_remote_pull_and_restart(Ctd::V24);
+}
+
+fn lazy_remote_pull_and_restart(v: Ctd) {
+    require_root();
+    let rpull = build_rpull(v);
+    let reg = LocalRegistry::start();
+    let direct = push_image(&reg);
+    let upstream = direct.split('/').next().unwrap().to_owned();
+    let (packs, erofs) = push_lazy_artifact(&direct, &upstream);
+    let proxy = CountingProxy::start(&upstream);
+    let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
+    // On demand and one object a request: what is fetched is what is read.
+    let mut ds = Daemons::start_with(v, &["--lazy-fetch", "on-demand", "--coalesce", "0"]);
+    let o = Command::new(&rpull)
+        .arg(ds.dir.path().join("containerd.sock"))
+        .args([v.namespace(), "cairn", &reference])
+        .output()
+        .unwrap();
+    let log = |ds: &Daemons| {
+        std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default()
+    };
+    assert!(
+        o.status.success(),
+        "rpull: {}{}\nsnapshotter log:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        log(&ds)
+    );
+    assert_eq!(
+        log(&ds).matches("pulled lazily by cairn").count(),
+        5,
+        "layers pulled lazily, snapshotter log:\n{}",
+        log(&ds)
+    );
+    let layers: BTreeSet<String> = manifest_at(&upstream, TAG)["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_owned())
+        .collect();
+    let gets = |what: &BTreeSet<String>| {
+        proxy
+            .blob_gets()
+            .into_iter()
+            .filter(|(_, d)| what.contains(d))
+            .count()
+    };
+    assert_eq!(
+        gets(&layers),
+        0,
+        "layer blobs fetched: {:#?}",
+        proxy.blob_gets()
+    );
+    assert_eq!(
+        gets(&packs),
+        0,
+        "packs fetched by the pull: {:#?}",
+        proxy.blob_gets()
+    );
+    // The metadata once, by the first layer's Prepare: the layers above it
+    // are placed in the image their parent names.
+    let erofs: BTreeSet<String> = [erofs].into();
+    assert_eq!(
+        gets(&erofs),
+        1,
+        "EROFS blob fetches: {:#?}",
+        proxy.blob_gets()
+    );
+
+    // The image runs, and prints what the normal path prints.
+    let run = |ds: &Daemons, sn: &str, image: &str, id: &str| {
+        ds.ctr(&[
+            "run",
+            "--rm",
+            "--snapshotter",
+            sn,
+            image,
+            id,
+            "/busybox/busybox",
+            "sh",
+            "-c",
+            &format!("export PATH=/busybox; /busybox/busybox --install -s /busybox; {SCRIPT}"),
+        ])
+    };
+    let lazy = run(&ds, "cairn", &reference, "lazy-1");
+    let read_by_run = gets(&packs);
+    assert!(read_by_run > 0, "nothing fetched by the run");
+    ds.ctr(&[
+        "images",
+        "pull",
+        "--plain-http",
+        "--snapshotter",
+        "overlayfs",
+        &direct,
+    ]);
+    let normal = run(&ds, "overlayfs", &direct, "normal-1");
+    let keep = |out: &str| {
+        out.lines()
+            .filter(|l| !l.starts_with("/bin/tool") && !l.starts_with("/bin/sh"))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    };
+    assert!(normal.contains("hello"), "{normal}");
+    assert_eq!(
+        keep(&lazy),
+        keep(&normal),
+        "the lazy remote path's container prints differently"
+    );
+    assert_eq!(gets(&layers), 0, "layer blobs fetched by cairn");
+
+    // A container stays up across a SIGKILL of the snapshotter.
+    let id = "lazy-long";
+    ds.ctr(&[
+        "run",
+        "-d",
+        "--snapshotter",
+        "cairn",
+        &reference,
+        id,
+        "/busybox/busybox",
+        "sleep",
+        "600",
+    ]);
+    let cat = |ds: &Daemons, n: u32, path: &str| {
+        ds.ctr(&[
+            "task",
+            "exec",
+            "--exec-id",
+            &format!("cat{n}"),
+            id,
+            "/busybox/busybox",
+            "cat",
+            path,
+        ])
+    };
+    let expect =
+        |i: usize| String::from_utf8(support::images::text(500 + i, 20_000 + i as u64)).unwrap();
+    assert_eq!(cat(&ds, 0, "/usr/lib/new000.txt"), expect(0));
+    ds.snapshotter.kill().unwrap();
+    ds.snapshotter.wait().unwrap();
+    let fetched = gets(&packs);
+    // Not read before (the script only lists these): fetched now, with no
+    // snapshotter running.
+    assert_eq!(cat(&ds, 1, "/usr/lib/new050.txt"), expect(50));
+    assert!(
+        gets(&packs) > fetched,
+        "/usr/lib/new050.txt was not fetched after the kill"
+    );
+    let tasks = ds.ctr(&["task", "ls"]);
+    assert!(
+        tasks
+            .lines()
+            .any(|l| l.starts_with(id) && l.contains("RUNNING")),
+        "the container stopped with the snapshotter: {tasks}"
+    );
+    ds.snapshotter = spawn_snapshotter(ds.dir.path(), &ds.snap_args);
+    struct Stop<'a>(&'a Daemons, &'a str);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.ctr_out(&["task", "kill", "-s", "SIGKILL", self.1]);
+            for _ in 0..100 {
+                if self.0.ctr_out(&["task", "rm", self.1]).status.success() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.0.ctr_out(&["containers", "rm", self.1]);
+        }
+    }
+    let stop = Stop(&ds, id);
+    assert_eq!(cat(&ds, 2, "/usr/lib/new077.txt"), expect(77));
+    let snaps = |ds: &Daemons| ds.ctr_out(&["snapshots", "--snapshotter", "cairn", "ls"]);
+    wait_for(
+        "containerd's connection to the restarted snapshotter",
+        || snaps(&ds).status.success(),
+    );
+    // A new container on the same chain: the chain mount is adopted, not
+    // mounted twice.
+    let again = run(&ds, "cairn", &reference, "lazy-2");
+    assert_eq!(keep(&again), keep(&normal));
+    let chains = format!(
+        "{}/",
+        ds.dir.path().join("store/snapshots/chains").display()
+    );
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mut targets: Vec<&str> = mi
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&chains))
+        .collect();
+    targets.sort();
+    let n = targets.len();
+    targets.dedup();
+    assert_eq!(n, targets.len(), "a chain image mounted twice: {targets:?}");
+    assert_eq!(n, 1, "chain mounts while the container runs: {targets:?}");
+    drop(stop);
+    assert_eq!(gets(&layers), 0, "layer blobs fetched");
+
+    // A view of an intermediate layer (the artifact has the whole image's
+    // tree only): the image is pulled in full and the chain's own image
+    // mounted.
+    let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
+    let rows: Vec<Vec<&str>> = listed
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let bottom = rows
+        .iter()
+        .find(|r| r.len() == 2 && r[1] == "Committed")
+        .unwrap_or_else(|| panic!("no bottom layer: {listed}"))[0];
+    let second = rows
+        .iter()
+        .find(|r| r.len() == 3 && r[1] == bottom)
+        .unwrap_or_else(|| panic!("no second layer: {listed}"))[0];
+    // A snapshot committed on the top layer (a container committed as an
+    // image): the store has no layer records of a lazily pulled chain, so
+    // the commit pulls the image in full first.
+    let committed: Vec<&Vec<&str>> = rows
+        .iter()
+        .filter(|r| r.last() == Some(&"Committed"))
+        .collect();
+    let top = committed
+        .iter()
+        .find(|r| !committed.iter().any(|c| c.len() == 3 && c[1] == r[0]))
+        .unwrap_or_else(|| panic!("no top layer: {listed}"))[0];
+    ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "prepare",
+        "on-top",
+        top,
+    ]);
+    ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "commit",
+        "on-top-committed",
+        "on-top",
+    ]);
+    ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "rm",
+        "on-top-committed",
+    ]);
+    assert!(
+        log(&ds).contains("pulling the image in full for its layer records"),
+        "{}",
+        log(&ds)
+    );
+    let view = ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "view",
+        "--target",
+        "/mnt",
+        "view-of-the-second",
+        second,
+    ]);
+    let source = view
+        .split_whitespace()
+        .find(|w| w.contains("/snapshots/chains/"))
+        .unwrap_or_else(|| panic!("no chain mount in {view:?}"));
+    let tree = std::path::Path::new(source);
+    assert!(tree.join("etc").is_dir(), "{source}: {view}");
+    for later in ["opt/data", "busybox", "srv/top"] {
+        assert!(!tree.join(later).exists(), "{later} in a view of layer 2");
+    }
+    assert!(
+        log(&ds).contains("pulling the image in full"),
+        "{}",
+        log(&ds)
+    );
+    ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "rm",
+        "view-of-the-second",
+    ]);
+    // No container and no view left: the chain mounts go (containerd
+    // removes snapshots in its background gc), and the lazy servers with
+    // them (a supervisor removes its pid file as it exits).
+    let store = ds.dir.path().join("store");
+    let servers = || {
+        std::fs::read_dir(store.join("lazy"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".pid"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&chains))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !servers().is_empty() || !mounted().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "with no snapshot using them: chain mounts {:?}, lazy servers {:?}\n{}",
+            mounted(),
+            servers(),
+            ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cairn_ok_at(&store, &["fsck"]);
+}
+
+/// SIGTERM while a remote Prepare waits for its pull (the registry holds
+/// cairn's requests back): the snapshotter answers the Prepare (containerd's
+/// pull fails), exits within seconds, records nothing of the pull (fsck
+/// clean); restarted, the same pull goes through the remote path.
+#[test]
+fn privileged_snapshotter_sigterm_during_a_remote_pull() {
+    require_root();
+    let v = Ctd::V16;
+    let rpull = build_rpull(v);
+    let reg = LocalRegistry::start();
+    let direct = push_image(&reg);
+    let upstream = direct.split('/').next().unwrap().to_owned();
+    let proxy = CountingProxy::start(&upstream);
+    let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
+    let mut ds = Daemons::start(v);
+    proxy
+        .stall_cairn
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let pull = || {
+        Command::new(&rpull)
+            .arg(ds.dir.path().join("containerd.sock"))
+            .args([v.namespace(), "cairn", &reference])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = pull();
+    wait_for("cairn's pull reaching the registry", || {
+        proxy
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, ua)| ua.starts_with("cairn/"))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(ds.snapshotter.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    while ds.snapshotter.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the snapshotter ignores SIGTERM during a remote pull"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(8), "stopped after {took:?}");
+    let o = first.wait_with_output().unwrap();
+    let log = || std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default();
+    assert!(
+        !o.status.success(),
+        "the pull went on without the snapshotter: {}",
+        log()
+    );
+    assert!(log().contains("stopping"), "{}", log());
+    assert_eq!(log().matches("pulled by cairn").count(), 0, "{}", log());
+    let store = ds.dir.path().join("store");
+    cairn_ok_at(&store, &["fsck"]);
+    proxy
+        .stall_cairn
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    ds.snapshotter = spawn_snapshotter(ds.dir.path(), &ds.snap_args);
+    wait_for(
+        "containerd's connection to the restarted snapshotter",
+        || {
+            ds.ctr_out(&["snapshots", "--snapshotter", "cairn", "ls"])
+                .status
+                .success()
+        },
+    );
+    // Calls right after a restart may still meet containerd's stale
+    // connection ("connection refused"): retried, as the kubelet does.
+    let mut o = pull().wait_with_output().unwrap();
+    for _ in 0..10 {
+        if o.status.success() || !String::from_utf8_lossy(&o.stderr).contains("unavailable") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        o = pull().wait_with_output().unwrap();
+    }
+    assert!(
+        o.status.success(),
+        "rpull after the restart: {}{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        log()
+    );
+    assert_eq!(log().matches("pulled by cairn").count(), 5, "{}", log());
+    cairn_ok_at(&store, &["fsck"]);
 }

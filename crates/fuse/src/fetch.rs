@@ -41,12 +41,14 @@
 //! object being fetched; the data goes to disk, never into a buffer here.
 
 use std::collections::{HashMap, VecDeque};
+use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use cairn_store::{ObjectId, ObjectStager, Store};
+use cairn_store::{ObjectId, ObjectStager, StagedObject, Store};
+use sha2::{Digest as _, Sha256};
 
 use crate::partial::Partial;
 use crate::{FetchError, ObjectSource};
@@ -106,6 +108,8 @@ pub(crate) struct FetchCounters {
     pub chunks_fetched: AtomicU64,
     pub chunks_failed: AtomicU64,
     pub chunked_published: AtomicU64,
+    /// Opens answered from a checked staged file before publication.
+    pub staged_opens: AtomicU64,
 }
 
 /// The fetches of one server.
@@ -123,6 +127,14 @@ pub(crate) struct Fetcher {
     /// one of them waits for its partial instead of fetching it again.
     /// Locked after `state`, never before.
     pub partials: Mutex<HashMap<ObjectId, Arc<Partial>>>,
+    /// Objects fetched and checked whose publication (the syncs that make
+    /// their names durable, then the renames) is under way: each with a
+    /// read-only descriptor of its staged file, from which an open is
+    /// answered meanwhile. An entry goes once the flight has completed.
+    /// Locked after `state` and a flight's waiters, never before.
+    verified: Mutex<HashMap<ObjectId, Arc<File>>>,
+    /// Signalled when entries leave `verified`.
+    verified_gone: Condvar,
 }
 
 impl Fetcher {
@@ -146,6 +158,8 @@ impl Fetcher {
             timer_wake: Condvar::new(),
             counters: FetchCounters::default(),
             partials: Mutex::new(HashMap::new()),
+            verified: Mutex::new(HashMap::new()),
+            verified_gone: Condvar::new(),
         });
         let weak = Arc::downgrade(&f);
         std::thread::Builder::new()
@@ -237,6 +251,65 @@ impl Fetcher {
         }
     }
 
+    /// Opens object `id` for reading: its staged file while it is being
+    /// published (checked, not yet durable under its name), else the
+    /// store's file. The staged file's descriptor is shared (a `dup`), so
+    /// its users must read at explicit offsets.
+    pub fn open_object(&self, id: &ObjectId) -> io::Result<File> {
+        if let Some(f) = self.verified.lock().expect("verified lock").get(id) {
+            let f = f.try_clone()?;
+            self.counters.staged_opens.fetch_add(1, Ordering::Relaxed);
+            return Ok(f);
+        }
+        File::open(crate::local_path(&self.store, &*self.source, id))
+    }
+
+    /// Whether `id` can be opened: in the store, or checked and being
+    /// published.
+    fn present(&self, id: &ObjectId) -> bool {
+        self.verified
+            .lock()
+            .expect("verified lock")
+            .contains_key(id)
+            || crate::has_local(&self.store, &*self.source, id)
+    }
+
+    /// Waits (at most `limit`) until no object whose opens were answered
+    /// from its staged file still awaits its publication. Whether it got
+    /// there. (Flights that answered nobody yet are not waited for: a
+    /// background fetch of a large object may run long.)
+    pub fn wait_published(&self, limit: Duration) -> bool {
+        self.wait_verified_gone(limit, |v| v.is_empty())
+    }
+
+    /// Waits (at most `limit`) until `id` no longer awaits its
+    /// publication; then whether it is in the store.
+    pub fn wait_stored(&self, id: &ObjectId, limit: Duration) -> bool {
+        self.wait_verified_gone(limit, |v| !v.contains_key(id))
+            && crate::has_local(&self.store, &*self.source, id)
+    }
+
+    fn wait_verified_gone(
+        &self,
+        limit: Duration,
+        done: impl Fn(&HashMap<ObjectId, Arc<File>>) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut v = self.verified.lock().expect("verified lock");
+        while !done(&v) {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            v = self
+                .verified_gone
+                .wait_timeout(v, deadline - now)
+                .expect("verified lock")
+                .0;
+        }
+        true
+    }
+
     /// Whether a flight is fetching `id` (queued or running).
     pub fn in_flight(&self, id: &ObjectId) -> bool {
         self.state
@@ -247,7 +320,7 @@ impl Fetcher {
     }
 
     fn submit(self: &Arc<Self>, id: &ObjectId, size: u64, waiter: Waiter, background: bool) {
-        if self.store.has_object(id) {
+        if self.present(id) {
             return waiter(Ok(()));
         }
         let mut state = self.state.lock().expect("fetch state lock");
@@ -405,7 +478,7 @@ impl Fetcher {
             .expect("flight lock")
             .get_or_insert_with(|| Instant::now() + self.timeout);
         self.timer_wake.notify_all();
-        let outcome = self.fetch_and_publish(flight);
+        let (outcome, staged_ids) = self.fetch_and_publish(flight);
         match &outcome {
             Ok(()) => {
                 self.counters.published.fetch_add(1, Ordering::Relaxed);
@@ -415,7 +488,63 @@ impl Fetcher {
                 tracing::warn!(object = %id, "{reason}");
             }
         }
+        // Opens that joined after the early answer, or wait for an object
+        // whose publication failed, are still answered from the staged
+        // files (their bytes were checked); only then do those go.
+        let outcome = match outcome {
+            Err(_) if self.present(&id) => Ok(()),
+            o => o,
+        };
         self.complete(flight, outcome);
+        if !staged_ids.is_empty() {
+            let mut verified = self.verified.lock().expect("verified lock");
+            for s in &staged_ids {
+                verified.remove(s);
+            }
+            self.verified_gone.notify_all();
+        }
+    }
+
+    /// Makes the checked, staged objects readable at once (the
+    /// [`verified`](Self::verified) table) and runs the waiters of those
+    /// that are, or that are in the store: their opens are answered
+    /// before the publication's syncs. Waiters of other objects stay on
+    /// the flight. Returns the ids entered in the table.
+    fn answer_early(
+        &self,
+        flight: &Arc<Flight>,
+        staged: &[(ObjectId, StagedObject)],
+    ) -> Vec<ObjectId> {
+        let mut entered = Vec::new();
+        for (name, s) in staged {
+            match s.open_staged() {
+                None => {}
+                Some(Ok(f)) => {
+                    self.verified
+                        .lock()
+                        .expect("verified lock")
+                        .insert(*name, Arc::new(f));
+                    entered.push(*name);
+                }
+                // Not fatal: its opens wait for the publication instead.
+                Some(Err(e)) => tracing::debug!(object = %name, "{e}"),
+            }
+        }
+        let ready: Vec<(ObjectId, Waiter)> = {
+            let mut waiters = flight.waiters.lock().expect("flight lock");
+            let Some(list) = waiters.as_mut() else {
+                // The timer abandoned the flight and ran them already.
+                return entered;
+            };
+            let (ready, wait): (Vec<_>, Vec<_>) =
+                list.drain(..).partition(|(id, _)| self.present(id));
+            *list = wait;
+            ready
+        };
+        for (_, w) in ready {
+            w(Ok(()));
+        }
+        entered
     }
 
     /// Takes `flight` out of the table (under each object it is there
@@ -430,7 +559,7 @@ impl Fetcher {
         let waiters = flight.waiters.lock().expect("flight lock").take();
         for (id, w) in waiters.into_iter().flatten() {
             let outcome = match &outcome {
-                Ok(()) if id != flight.id && !self.store.has_object(&id) => Err(format!(
+                Ok(()) if id != flight.id && !self.present(&id) => Err(format!(
                     "object {id} was not published by the fetch of {} with its neighbours",
                     flight.id
                 )),
@@ -440,20 +569,47 @@ impl Fetcher {
         }
     }
 
-    /// The flight's work: the object with its neighbours, published by
-    /// the source into the store (which names each file by its own
-    /// digest); or the object alone, fetched into a staged file, verified,
-    /// published.
-    fn fetch_and_publish(&self, flight: &Arc<Flight>) -> Result<(), String> {
-        let (id, size, abandoned) = (&flight.id, flight.size, &flight.abandoned);
+    /// The flight's work: the object with its neighbours, staged by the
+    /// source (the store names each file by its own digest); or the object
+    /// alone, fetched into a staged file and checked. The opens waiting
+    /// for what was staged are answered from the staged files, then the
+    /// objects are published. Returns the outcome and the objects entered
+    /// in the [`verified`](Self::verified) table meanwhile.
+    fn fetch_and_publish(&self, flight: &Arc<Flight>) -> (Result<(), String>, Vec<ObjectId>) {
+        let id = &flight.id;
         let store = &*self.store;
         // Shared, as every writer holds it: gc cannot run while we publish.
-        let _lock = store
-            .lock_shared()
-            .map_err(|e| format!("fetching object {id}: {e}"))?;
-        if store.has_object(id) {
-            return Ok(());
+        let _lock = match store.lock_shared() {
+            Ok(l) => l,
+            Err(e) => return (Err(format!("fetching object {id}: {e}")), Vec::new()),
+        };
+        if crate::has_local(store, &*self.source, id) {
+            return (Ok(()), Vec::new());
         }
+        let staged = match self.fetch_staged(flight) {
+            Ok(s) => s,
+            Err(e) => return (Err(e), Vec::new()),
+        };
+        let neighbours = staged.len().saturating_sub(1);
+        let entered = self.answer_early(flight, &staged);
+        let published = store
+            .publish_staged(staged.into_iter().map(|(_, s)| s))
+            .map_err(|e| format!("publishing object {id}: {e}"));
+        if published.is_ok() && neighbours > 0 {
+            self.counters
+                .neighbours
+                .fetch_add(neighbours as u64, Ordering::Relaxed);
+        }
+        (published, entered)
+    }
+
+    /// Fetches the flight's object (with its neighbours, where the source
+    /// can) into staged files, each checked: the object first, each with
+    /// the name it was asked for (for a source with foreign names, not the
+    /// digest the store gives the file).
+    fn fetch_staged(&self, flight: &Arc<Flight>) -> Result<Vec<(ObjectId, StagedObject)>, String> {
+        let (id, size, abandoned) = (&flight.id, flight.size, &flight.abandoned);
+        let store = &*self.store;
         let mut group = self.source.group(store, id);
         if group.first() != Some(id) {
             group = vec![*id];
@@ -475,28 +631,41 @@ impl Fetcher {
             }
         }
         if group.len() > 1 {
-            if let Some(r) = self.source.publish_group(store, &group) {
-                r.map_err(|e| format!("fetching object {id} with its neighbours: {e}"))?;
-                if !store.has_object(id) {
+            if let Some(r) = self.source.stage_group(store, &group) {
+                let staged =
+                    r.map_err(|e| format!("fetching object {id} with its neighbours: {e}"))?;
+                if abandoned.load(Ordering::SeqCst) {
                     return Err(format!(
-                        "fetching object {id} with its neighbours: the source did not publish it"
+                        "fetching object {id} with its neighbours: abandoned after the \
+                         deadline; nothing stored"
                     ));
                 }
-                let n = group[1..].iter().filter(|n| store.has_object(n)).count();
-                self.counters
-                    .neighbours
-                    .fetch_add(n as u64, Ordering::Relaxed);
-                return Ok(());
+                // The store named each staged file by its digest: a file
+                // named otherwise than asked is a neighbour the source
+                // got wrong, and is dropped (never served, never stored).
+                let mut staged: Vec<StagedObject> = staged
+                    .into_iter()
+                    .filter(|s| group.contains(&s.id()))
+                    .collect();
+                let Some(at) = staged.iter().position(|s| s.id() == *id) else {
+                    return Err(format!(
+                        "fetching object {id} with its neighbours: the source did not bring it"
+                    ));
+                };
+                staged.swap(0, at);
+                return Ok(staged.into_iter().map(|s| (s.id(), s)).collect());
             }
         }
         let stager = store
             .stage_object()
             .map_err(|e| format!("fetching object {id}: {e}"))?;
+        let foreign = self.source.foreign_names();
         let mut w = StagerWriter {
             stager,
             limit: size,
             abandoned,
             error: None,
+            sha256: foreign.then(Sha256::new),
         };
         let fetched = self.source.fetch(id, &mut w);
         if abandoned.load(Ordering::SeqCst) {
@@ -519,17 +688,19 @@ impl Fetcher {
             .stager
             .finish(store)
             .map_err(|e| format!("fetching object {id}: {e}"))?;
-        if staged.id() != *id {
+        if let Some(h) = w.sha256.take() {
+            let sha: [u8; 32] = h.finalize().into();
+            self.source
+                .accept(id, &sha, &staged.id())
+                .map_err(|e| format!("{e}; refused, nothing stored"))?;
+        } else if staged.id() != *id {
             return Err(format!(
                 "object {id}: the source sent {got} bytes whose fs-verity digest is {}; \
                  refused, nothing stored",
                 staged.id()
             ));
         }
-        store
-            .publish_staged([staged])
-            .map_err(|e| format!("publishing object {id}: {e}"))?;
-        Ok(())
+        Ok(vec![(*id, staged)])
     }
 }
 
@@ -602,6 +773,8 @@ struct StagerWriter<'a> {
     /// The first failure, kept to say what it was (the source may swallow
     /// the io::Error we return).
     error: Option<String>,
+    /// For a source with foreign names: the sha256 of what was written.
+    sha256: Option<Sha256>,
 }
 
 impl io::Write for StagerWriter<'_> {
@@ -621,6 +794,9 @@ impl io::Write for StagerWriter<'_> {
             let msg = e.to_string();
             self.error.get_or_insert(msg.clone());
             return Err(io::Error::other(msg));
+        }
+        if let Some(h) = &mut self.sha256 {
+            h.update(buf);
         }
         Ok(buf.len())
     }

@@ -70,7 +70,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use cairn_store::{ObjectId, Store};
+use cairn_store::{ObjectId, StagedObject, Store};
 use rustix::io::Errno;
 
 use crate::fetch::Fetcher;
@@ -100,7 +100,7 @@ pub trait ObjectSource: Send + Sync {
     /// read amplification): `id` first, then neighbours that are likely
     /// read soon and not in `store` yet. The server may shorten the list
     /// (it drops a neighbour that another fetch is bringing, and all after
-    /// it) and fetches it with [`publish_group`](Self::publish_group).
+    /// it) and fetches it with [`stage_group`](Self::stage_group).
     /// Default: `id` alone. Called on a fetch thread, under the store lock
     /// (shared); no network.
     fn group(&self, _store: &Store, id: &ObjectId) -> Vec<ObjectId> {
@@ -108,15 +108,19 @@ pub trait ObjectSource: Send + Sync {
     }
 
     /// Fetches `group` (a prefix of what [`group`](Self::group) gave, at
-    /// least two objects) and publishes each object into `store` with the
-    /// store's staging ([`Store::stage_object`] and
-    /// [`Store::publish_staged`], which name a file by the digest of its
-    /// bytes, so nothing is stored under a name it does not hash to). The
-    /// server holds the store lock shared. An open of any of them waits
-    /// for this call and is answered by whether its object is in the store
-    /// afterwards. `None` (the default): not supported; the server fetches
-    /// `group[0]` alone with [`fetch`](Self::fetch).
-    fn publish_group(&self, _store: &Store, _group: &[ObjectId]) -> Option<Result<(), FetchError>> {
+    /// least two objects) and stages each object with the store's staging
+    /// ([`Store::stage_object`], which names a file by the digest of its
+    /// bytes, so nothing can be served or stored under a name it does not
+    /// hash to), in `group`'s order; it publishes nothing. The server
+    /// answers the opens waiting for them from the staged files, then
+    /// publishes them ([`Store::publish_staged`]). The server holds the
+    /// store lock shared. `None` (the default): not supported; the server
+    /// fetches `group[0]` alone with [`fetch`](Self::fetch).
+    fn stage_group(
+        &self,
+        _store: &Store,
+        _group: &[ObjectId],
+    ) -> Option<Result<Vec<StagedObject>, FetchError>> {
         None
     }
 
@@ -144,6 +148,52 @@ pub trait ObjectSource: Send + Sync {
     fn fetch_chunk(&self, id: &ObjectId, _k: usize) -> Result<Vec<u8>, FetchError> {
         Err(FetchError::NotFound(*id))
     }
+
+    /// Whether this source names objects by something other than their
+    /// fs-verity digest (an eStargz file is named by the sha256 of its
+    /// contents, the only digest its TOC gives). Then the server hashes
+    /// what it fetched with sha256 as well, hands both digests to
+    /// [`accept`](Self::accept), and publishes the file under its
+    /// fs-verity digest (as every store object) only if the source
+    /// accepts; [`local_id`](Self::local_id) says where an id is stored.
+    /// Default: `false` (names are the store's).
+    fn foreign_names(&self) -> bool {
+        false
+    }
+
+    /// The store's name of `id`, once known (foreign names only; the
+    /// default is `id` itself). Must be cheap: called on every open.
+    fn local_id(&self, id: &ObjectId) -> Option<ObjectId> {
+        Some(*id)
+    }
+
+    /// Foreign names only: the whole object `id` was fetched, its bytes
+    /// hash to `sha256` and their fs-verity digest is `stored`. The source
+    /// checks `sha256` against `id` and, if it matches, remembers that
+    /// `id` is stored as `stored` (durably, if a successor server must
+    /// know it) before it returns `Ok`; an `Err` (the reason) means
+    /// nothing is stored.
+    fn accept(&self, id: &ObjectId, _sha256: &[u8; 32], _stored: &ObjectId) -> Result<(), String> {
+        Err(format!(
+            "object {id}: this source names objects by their fs-verity digest"
+        ))
+    }
+}
+
+/// Whether the store has object `id` of `source` (under its own name or,
+/// for a source with foreign names, under the name the source gives it).
+pub(crate) fn has_local(store: &Store, source: &dyn ObjectSource, id: &ObjectId) -> bool {
+    source.local_id(id).is_some_and(|l| store.has_object(&l))
+}
+
+/// Where the store keeps object `id` of `source` (its own name when the
+/// source knows no other: a missing file).
+pub(crate) fn local_path(
+    store: &Store,
+    source: &dyn ObjectSource,
+    id: &ObjectId,
+) -> std::path::PathBuf {
+    store.object_path(&source.local_id(id).unwrap_or(*id))
 }
 
 /// A source with nothing: every object must be in the store.
@@ -267,6 +317,9 @@ pub struct Stats {
     pub chunks_failed: u64,
     /// Objects fetched chunk by chunk, verified whole and published.
     pub chunked_published: u64,
+    /// Opens answered from a fetched object's checked staged file, before
+    /// its publication (the syncs that make its name durable) was done.
+    pub staged_opens: u64,
 }
 
 /// Fetches objects into the store through a served layer's fetcher, behind
@@ -303,7 +356,14 @@ impl Background {
             }),
         );
         rx.recv()
-            .unwrap_or_else(|_| Err(format!("fetching object {id}: the fetch went away")))
+            .unwrap_or_else(|_| Err(format!("fetching object {id}: the fetch went away")))?;
+        // An open of it may have been answered from its staged file before
+        // the publication: wait for that.
+        if self.fetcher.wait_stored(id, self.fetcher.timeout()) {
+            Ok(())
+        } else {
+            Err(format!("fetching object {id}: it was not published"))
+        }
     }
 
     /// Whether the layer is going away (unmounted): fetch no more.
@@ -428,7 +488,15 @@ impl FuseMount {
             chunks_fetched: f.chunks_fetched.load(Ordering::Relaxed),
             chunks_failed: f.chunks_failed.load(Ordering::Relaxed),
             chunked_published: f.chunked_published.load(Ordering::Relaxed),
+            staged_opens: f.staged_opens.load(Ordering::Relaxed),
         }
+    }
+
+    /// Waits (at most `limit`) until every object whose opens were
+    /// answered from its checked staged file is published (or its
+    /// publication failed). Whether that happened within `limit`.
+    pub fn settle(&self, limit: Duration) -> bool {
+        self.server.fetcher.wait_published(limit)
     }
 
     /// A handle on the objects opened so far, in first-open order (empty
@@ -459,9 +527,11 @@ impl FuseMount {
             self.mounted = false;
         }
         self.workers.join();
-        // Large files a reader started are stored before we return.
+        // Large files a reader started, and files whose opens were
+        // answered before their publication, are stored before we return.
         let f = &self.server.fetcher;
         f.wait_partials(f.timeout());
+        f.wait_published(f.timeout());
         Ok(self.stats())
     }
 
@@ -492,9 +562,11 @@ impl FuseMount {
             self.mounted = false;
         }
         self.workers.join();
-        // Large files a reader started are stored before we return.
+        // Large files a reader started, and files whose opens were
+        // answered before their publication, are stored before we return.
         let f = &self.server.fetcher;
         f.wait_partials(f.timeout());
+        f.wait_published(f.timeout());
         Ok(self.stats())
     }
 
@@ -506,7 +578,9 @@ impl FuseMount {
     /// server serves on and is given back with the error.
     ///
     /// Opens waiting for a fetch are answered first (at worst at their
-    /// deadline, `fetch_timeout`), so none is lost in the hand-over.
+    /// deadline, `fetch_timeout`), so none is lost in the hand-over, and
+    /// objects whose opens were answered from their staged files are
+    /// published first (the successor opens its handles in the store).
     #[allow(clippy::result_large_err)]
     pub fn hand_over(mut self, sock: &UnixStream) -> Result<(), (FuseMount, FuseError)> {
         self.workers.stop();
@@ -517,8 +591,16 @@ impl FuseMount {
         {
             std::thread::sleep(Duration::from_millis(5));
         }
+        // Handles opened on staged files: their objects must be in the
+        // store, where the successor opens them again.
+        let published = self
+            .server
+            .fetcher
+            .wait_published(deadline.saturating_duration_since(std::time::Instant::now()));
         let result = if self.server.pending_opens.load(Ordering::SeqCst) != 0 {
             Err("opens waiting for fetches did not finish".to_string())
+        } else if !published {
+            Err("fetched objects whose opens were answered are not published yet".to_string())
         } else {
             let state = self.server.export_state();
             handover::send(sock, self.server.dev.as_fd(), &self.target, &state)

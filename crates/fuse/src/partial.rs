@@ -58,6 +58,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cairn_store::ObjectId;
+use sha2::{Digest as _, Sha256};
 
 use crate::fetch::{Fetcher, Waiter};
 use crate::proto::Reply;
@@ -470,7 +471,7 @@ impl Partial {
                 }
             }
         }
-        let outcome = match self.publish(&fetcher.store) {
+        let outcome = match self.publish(&fetcher.store, fetcher.source()) {
             Ok(()) => {
                 fetcher
                     .counters
@@ -520,14 +521,19 @@ impl Partial {
 
     /// Copies the staging file into the store's staging (which hashes it)
     /// and publishes it if it hashes to the object's name.
-    fn publish(&self, store: &cairn_store::Store) -> Result<(), String> {
+    fn publish(
+        &self,
+        store: &cairn_store::Store,
+        source: &dyn crate::ObjectSource,
+    ) -> Result<(), String> {
         let id = self.id;
         let _lock = store
             .lock_shared()
             .map_err(|e| format!("publishing object {id}: {e}"))?;
-        if store.has_object(&id) {
+        if crate::has_local(store, source, &id) {
             return Ok(());
         }
+        let mut sha256 = source.foreign_names().then(Sha256::new);
         let mut stager = store
             .stage_object()
             .map_err(|e| format!("publishing object {id}: {e}"))?;
@@ -541,12 +547,20 @@ impl Partial {
             stager
                 .write(&buf[..n])
                 .map_err(|e| format!("publishing object {id}: {e}"))?;
+            if let Some(h) = &mut sha256 {
+                h.update(&buf[..n]);
+            }
             at += n as u64;
         }
         let staged = stager
             .finish(store)
             .map_err(|e| format!("publishing object {id}: {e}"))?;
-        if staged.id() != id {
+        if let Some(h) = sha256 {
+            let sha: [u8; 32] = h.finalize().into();
+            source
+                .accept(&id, &sha, &staged.id())
+                .map_err(|e| format!("{e}; refused, nothing stored"))?;
+        } else if staged.id() != id {
             return Err(format!(
                 "object {id}: its chunks, each checked, hash together to {}; refused, nothing \
                  stored",

@@ -259,7 +259,7 @@ impl Server {
 
     /// The size of object `id`: the store's file, else the source's word.
     fn object_size(&self, id: &ObjectId) -> Option<u64> {
-        match std::fs::metadata(self.store.object_path(id)) {
+        match std::fs::metadata(crate::local_path(&self.store, self.fetcher.source(), id)) {
             Ok(m) if m.is_file() => Some(m.len()),
             _ => self.fetcher.source().size(id),
         }
@@ -410,7 +410,7 @@ impl Server {
         let mut handles = HashMap::with_capacity(st.handles.len());
         for &(fh, node) in &st.handles {
             let id = by_node[&node];
-            let path = self.store.object_path(&id);
+            let path = crate::local_path(&self.store, self.fetcher.source(), &id);
             let file = File::open(&path).map_err(|e| {
                 format!(
                     "handle {fh} of object {id}: opening {}: {e}",
@@ -708,7 +708,9 @@ impl Server {
         // A missing object that a fetch is bringing already (a background
         // one, say) is waited for; otherwise, if it can be, it is served
         // chunk by chunk.
-        if !self.store.has_object(&id) && !self.fetcher.in_flight(&id) {
+        if !crate::has_local(&self.store, self.fetcher.source(), &id)
+            && !self.fetcher.in_flight(&id)
+        {
             if let Some(p) = self.partial_for(&id, size) {
                 self.open_chunked(unique, node, p);
                 return false;
@@ -755,13 +757,19 @@ impl Server {
         }
     }
 
-    /// Opens an object that is in the store. Returns the handle, the open
-    /// flags and the backing id (0 without passthrough).
+    /// Opens an object that is in the store, or checked and being
+    /// published. Returns the handle, the open flags and the backing id
+    /// (0 without passthrough).
     fn open_present(&self, node: u64, id: &ObjectId, size: u64) -> Result<(u64, u32, i32), i32> {
         let id = *id;
-        let path = self.store.object_path(&id);
-        let file = File::open(&path).map_err(|e| {
-            tracing::warn!(object = %id, "opening {}: {e}", path.display());
+        // The store's file, or while it is being published the checked
+        // staged file (the same inode the store will name).
+        let file = self.fetcher.open_object(&id).map_err(|e| {
+            tracing::warn!(
+                object = %id,
+                "opening {}: {e}",
+                crate::local_path(&self.store, self.fetcher.source(), &id).display()
+            );
             libc::EIO
         })?;
         let actual = file.metadata().map(|m| m.len()).map_err(|_| libc::EIO)?;
@@ -922,7 +930,9 @@ impl Server {
     fn predecessor_file(&self, fh: u64) -> Option<Arc<File>> {
         let i = self.journal_index(fh >> FH_SHIFT)?;
         let id = self.journal.as_ref()?.objects[i];
-        File::open(self.store.object_path(&id)).ok().map(Arc::new)
+        File::open(crate::local_path(&self.store, self.fetcher.source(), &id))
+            .ok()
+            .map(Arc::new)
     }
 
     /// A handle a predecessor opened on an object it was serving chunk by

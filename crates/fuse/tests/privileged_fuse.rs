@@ -18,7 +18,7 @@ use cairn_erofs::dump::{parse_dump, ParseOptions};
 use cairn_erofs::writer::{mkfs_erofs_to_vec, WriteOptions};
 use cairn_fuse::{serve, take_over, FetchError, FuseMount, NoSource, ObjectSource, ServeOptions};
 use cairn_mount::{mount_image, umount, IdMap, MountOptions, UpperSpec, VerityMode};
-use cairn_store::{fsverity_digest, ObjectId, Store};
+use cairn_store::{fsverity_digest, ObjectId, StagedObject, Store};
 use rustix::io::Errno;
 
 fn require_root() {
@@ -505,6 +505,7 @@ fn privileged_fuse_hand_over() {
         drop(f);
         assert_eq!(fs::read(fx.target.join("later")).unwrap(), later);
         assert_eq!(fs::read(fx.target.join("fetched")).unwrap(), fetched);
+        assert!(new.settle(Duration::from_secs(10)));
         assert!(fx.store.has_object(&id_of(&fetched)));
         let stats = new.stats();
         assert_eq!(stats.fetches_published, 1, "{stats:?}");
@@ -682,6 +683,9 @@ fn privileged_fuse_fetch() {
         let a = id_of(&lazy_a);
         assert!(!fx.store.has_object(&a));
         assert_eq!(fs::read(fx.target.join("a")).unwrap(), lazy_a);
+        // The open was answered from the checked staged file; the
+        // publication follows it.
+        assert!(fuse.settle(Duration::from_secs(10)));
         assert!(
             fx.store.has_object(&a),
             "the fetched object must be published"
@@ -692,6 +696,7 @@ fn privileged_fuse_fetch() {
         // Again: from the store now, no second fetch.
         assert_eq!(fs::read(fx.target.join("a")).unwrap(), lazy_a);
         assert_eq!(source.fetches(&a), 1);
+        assert!(fuse.settle(Duration::from_secs(10)));
         let stats = fuse.stats();
         assert_eq!(stats.reads, 0, "{stats:?}");
         assert_eq!(stats.fetches_published, 2, "{stats:?}");
@@ -731,6 +736,7 @@ fn privileged_fuse_fetch() {
             "a later open must try again"
         );
         assert_eq!(source.fetches(&s), 2);
+        assert!(fuse.settle(Duration::from_secs(10)));
         assert!(fx.store.has_object(&s));
 
         // 4. Concurrent readers of one missing object: one fetch.
@@ -758,6 +764,7 @@ fn privileged_fuse_fetch() {
             1,
             "concurrent opens must share one fetch"
         );
+        assert!(fuse.settle(Duration::from_secs(10)));
         assert!(fx.store.has_object(&sh));
 
         let stats = fuse.stats();
@@ -841,7 +848,7 @@ fn staged_files(store: &Store) -> usize {
 
 /// A source that fetches a run of objects at once: `group(id)` is `id`
 /// and the objects after it in `order` that are not in the store;
-/// `publish_group` waits `delay`, then stages and publishes each. `fetch`
+/// `stage_group` waits `delay`, then stages each (the server publishes). `fetch`
 /// (one object alone) waits `delay` too. Every call is counted.
 struct GroupSource {
     order: Vec<(ObjectId, Vec<u8>)>,
@@ -878,7 +885,11 @@ impl ObjectSource for GroupSource {
         g
     }
 
-    fn publish_group(&self, store: &Store, group: &[ObjectId]) -> Option<Result<(), FetchError>> {
+    fn stage_group(
+        &self,
+        store: &Store,
+        group: &[ObjectId],
+    ) -> Option<Result<Vec<StagedObject>, FetchError>> {
         self.groups.lock().unwrap().push(group.to_vec());
         std::thread::sleep(self.delay);
         let mut staged = Vec::new();
@@ -888,12 +899,11 @@ impl ObjectSource for GroupSource {
             s.write(data).unwrap();
             staged.push(s.finish(store).unwrap());
         }
-        store.publish_staged(staged).unwrap();
-        Some(Ok(()))
+        Some(Ok(staged))
     }
 }
 
-/// An open brings its neighbours in one `publish_group`; an open of a
+/// An open brings its neighbours in one `stage_group`; an open of a
 /// neighbour while that runs joins it (no second fetch); a background
 /// fetch is joined by an open of its object the same way.
 #[test]
@@ -936,7 +946,14 @@ fn privileged_fuse_neighbours_and_background_share_one_fetch() {
             vec![files[..3].iter().map(|d| id_of(d)).collect::<Vec<_>>()]
         );
         assert!(source.fetches.lock().unwrap().is_empty());
+        // The opens were answered from the checked staged files, before
+        // the publication's syncs; the publication follows.
+        assert!(fuse.stats().staged_opens >= 2, "{:?}", fuse.stats());
+        assert!(fuse.settle(Duration::from_secs(10)));
         assert_eq!(fuse.stats().neighbours_published, 2, "{:?}", fuse.stats());
+        for d in &files[..3] {
+            assert!(fx.store.has_object(&id_of(d)), "published after the opens");
+        }
 
         // A background fetch of f4, joined by an open of f4.
         let bg = fuse.background();

@@ -529,7 +529,7 @@ fn tar_err(layer: &str, e: TarError) -> LayerError {
 }
 
 /// Why one entry could not be added.
-enum AddError {
+pub(crate) enum AddError {
     Reason(String),
     Tar(TarError),
     Store(StoreError),
@@ -545,6 +545,171 @@ impl From<String> for AddError {
     fn from(s: String) -> Self {
         AddError::Reason(s)
     }
+}
+
+/// What one entry becomes in a layer record, before any content is read.
+pub(crate) enum Prepared {
+    /// Nothing (a whiteout of a reserved name).
+    Skip,
+    /// A finished line: path, inode, hardlink target.
+    Line(Vec<u8>, Inode, Option<Vec<u8>>),
+    /// A regular file whose contents are still to be named: path, inode
+    /// (its size set, no data yet).
+    Regular(Vec<u8>, Inode),
+}
+
+/// Checks one entry on its own (path, whiteouts, hardlink targets, mode,
+/// xattrs; see the module docs) and says what line it becomes. The tar
+/// path and the eStargz TOC path (`crate::toc`) both go through here, so
+/// an entry means the same whichever way it was read.
+pub(crate) fn prepare(e: &TarEntry) -> Result<Prepared, AddError> {
+    let comps = clean_path(&e.path)?;
+    let path = absolute(&comps);
+    if path.len() > MAX_PATH_LEN {
+        return Err(AddError::Reason(format!(
+            "path of {} bytes is longer than {MAX_PATH_LEN}",
+            path.len()
+        )));
+    }
+    let Some((name, parents)) = comps.split_last() else {
+        // The root itself.
+        if e.kind != EntryKind::Directory {
+            return Err(AddError::Reason(
+                "the root entry ('./') must be a directory".into(),
+            ));
+        }
+        let inode = inode_for(e)?;
+        return Ok(Prepared::Line(path, inode, None));
+    };
+    if let Some(p) = parents.iter().find(|c| c.starts_with(WHITEOUT_PREFIX)) {
+        return Err(AddError::Reason(format!(
+            "parent {} is a whiteout name, not a directory",
+            lossy(p)
+        )));
+    }
+
+    if let Some(target) = name.strip_prefix(WHITEOUT_PREFIX) {
+        if *name != OPAQUE_MARKER {
+            if target.starts_with(WHITEOUT_PREFIX) {
+                // `.wh..wh.X` would delete a name no entry can have.
+                tracing::debug!("ignoring whiteout of reserved name {}", lossy(name));
+                return Ok(Prepared::Skip);
+            }
+            match target {
+                b"" => return Err(AddError::Reason("whiteout names nothing ('.wh.')".into())),
+                b"." | b".." => {
+                    return Err(AddError::Reason(format!(
+                        "whiteout of '{}' would delete outside its directory",
+                        lossy(target)
+                    )))
+                }
+                _ => {}
+            }
+            check_name(target).map_err(|e| e.to_string())?;
+        }
+        let marker = Inode::new(S_IFCHR).expect("char device mode is valid");
+        return Ok(Prepared::Line(path, marker, None));
+    }
+
+    if e.kind == EntryKind::Hardlink {
+        let target = clean_path(&e.link).map_err(|r| format!("hardlink target: {r}"))?;
+        if target
+            .last()
+            .is_some_and(|n| n.starts_with(WHITEOUT_PREFIX))
+        {
+            return Err(AddError::Reason(format!(
+                "hardlink to whiteout {}",
+                lossy(&e.link)
+            )));
+        }
+        let target = absolute(&target);
+        if target.len() > MAX_PATH_LEN {
+            return Err(AddError::Reason(format!(
+                "hardlink target of {} bytes is longer than {MAX_PATH_LEN}",
+                target.len()
+            )));
+        }
+        let placeholder = Inode::new(S_IFREG).expect("regular mode is valid");
+        return Ok(Prepared::Line(path, placeholder, Some(target)));
+    }
+
+    let inode = inode_for(e)?;
+    if e.kind == EntryKind::Regular {
+        return Ok(Prepared::Regular(path, inode));
+    }
+    Ok(Prepared::Line(path, inode, None))
+}
+
+/// The inode an entry describes (regular files without content yet).
+pub(crate) fn inode_for(e: &TarEntry) -> Result<Inode, String> {
+    let fmt = match e.kind {
+        EntryKind::Regular => S_IFREG,
+        EntryKind::Directory => S_IFDIR,
+        EntryKind::Symlink => S_IFLNK,
+        EntryKind::CharDevice => S_IFCHR,
+        EntryKind::BlockDevice => S_IFBLK,
+        EntryKind::Fifo => S_IFIFO,
+        EntryKind::Hardlink => unreachable!("hardlinks have no inode of their own"),
+    };
+    let mut inode = Inode::new(fmt | (e.mode & 0o7777)).map_err(|e| e.to_string())?;
+    inode.uid = e.uid;
+    inode.gid = e.gid;
+    inode.mtime = e.mtime;
+    for (k, v) in &e.xattrs {
+        if k.is_empty() || k.len() > 255 || k.contains(&0) {
+            return Err(format!(
+                "invalid xattr name {:?} (1 to 255 bytes, no NUL)",
+                lossy(k)
+            ));
+        }
+        if v.len() > u16::MAX as usize {
+            return Err(format!(
+                "xattr {} value of {} bytes is too large",
+                lossy(k),
+                v.len()
+            ));
+        }
+        if IGNORED_XATTRS.contains(&k.as_slice()) {
+            continue;
+        }
+        // The kernel refuses user.* xattrs on anything but regular files
+        // and directories (so does every unpacker writing to a disk).
+        if k.starts_with(b"user.") && !matches!(e.kind, EntryKind::Regular | EntryKind::Directory) {
+            return Err(format!(
+                "xattr {} on a {}: user.* xattrs exist only on regular files and directories",
+                lossy(k),
+                kind_name(e.kind)
+            ));
+        }
+        inode.xattrs.insert(k.clone(), v.clone());
+    }
+    match e.kind {
+        EntryKind::CharDevice | EntryKind::BlockDevice => {
+            inode.rdev = libc::makedev(e.devmajor, e.devminor);
+        }
+        EntryKind::Symlink => {
+            if e.link.is_empty() {
+                return Err("symlink with an empty target".into());
+            }
+            if e.link.len() > MAX_PATH_LEN {
+                return Err(format!(
+                    "symlink target of {} bytes is longer than {MAX_PATH_LEN}",
+                    e.link.len()
+                ));
+            }
+            if e.link.contains(&0) {
+                return Err("symlink target contains a NUL byte".into());
+            }
+            // A symlink's mode is 0777 on Linux whatever the header
+            // says (what any unpacker's symlink(2) gives).
+            inode.mode = S_IFLNK | 0o777;
+            inode.size = e.link.len() as u64;
+            inode.data = InodeData::Symlink(e.link.clone());
+        }
+        EntryKind::Regular => inode.size = e.size,
+        _ => {}
+    }
+    Ok(inode)
 }
 
 /// Xattrs umoci never sets when it unpacks a layer (host-specific, or
@@ -785,90 +950,24 @@ impl<'s> LayerBuilder<'s> {
         tar: &mut TarReader<R>,
         e: TarEntry,
     ) -> Result<(), AddError> {
-        let comps = clean_path(&e.path)?;
-        let path = absolute(&comps);
-        if path.len() > MAX_PATH_LEN {
-            return Err(AddError::Reason(format!(
-                "path of {} bytes is longer than {MAX_PATH_LEN}",
-                path.len()
-            )));
-        }
-        let Some((name, parents)) = comps.split_last() else {
-            // The root itself.
-            if e.kind != EntryKind::Directory {
-                return Err(AddError::Reason(
-                    "the root entry ('./') must be a directory".into(),
-                ));
+        let (path, mut inode) = match prepare(&e)? {
+            Prepared::Skip => return Ok(()),
+            Prepared::Line(path, inode, hardlink) => {
+                return self.write_line(&path, &inode, hardlink.as_deref())
             }
-            let inode = self.inode_for(&e)?;
-            return self.write_line(&path, &inode, None);
+            Prepared::Regular(path, inode) => (path, inode),
         };
-        if let Some(p) = parents.iter().find(|c| c.starts_with(WHITEOUT_PREFIX)) {
-            return Err(AddError::Reason(format!(
-                "parent {} is a whiteout name, not a directory",
-                lossy(p)
-            )));
+        if self.objects.is_some() && e.size > DEFAULT_INLINE_THRESHOLD {
+            let seq = self.send_content(tar, &e)?;
+            self.waiting.push_back(Waiting {
+                path,
+                inode,
+                hardlink: None,
+                object: Some(seq),
+            });
+            return self.settle(false);
         }
-
-        if let Some(target) = name.strip_prefix(WHITEOUT_PREFIX) {
-            if *name != OPAQUE_MARKER {
-                if target.starts_with(WHITEOUT_PREFIX) {
-                    // `.wh..wh.X` would delete a name no entry can have.
-                    tracing::debug!("ignoring whiteout of reserved name {}", lossy(name));
-                    return Ok(());
-                }
-                match target {
-                    b"" => return Err(AddError::Reason("whiteout names nothing ('.wh.')".into())),
-                    b"." | b".." => {
-                        return Err(AddError::Reason(format!(
-                            "whiteout of '{}' would delete outside its directory",
-                            lossy(target)
-                        )))
-                    }
-                    _ => {}
-                }
-                check_name(target).map_err(|e| e.to_string())?;
-            }
-            let marker = Inode::new(S_IFCHR).expect("char device mode is valid");
-            return self.write_line(&path, &marker, None);
-        }
-
-        if e.kind == EntryKind::Hardlink {
-            let target = clean_path(&e.link).map_err(|r| format!("hardlink target: {r}"))?;
-            if target
-                .last()
-                .is_some_and(|n| n.starts_with(WHITEOUT_PREFIX))
-            {
-                return Err(AddError::Reason(format!(
-                    "hardlink to whiteout {}",
-                    lossy(&e.link)
-                )));
-            }
-            let target = absolute(&target);
-            if target.len() > MAX_PATH_LEN {
-                return Err(AddError::Reason(format!(
-                    "hardlink target of {} bytes is longer than {MAX_PATH_LEN}",
-                    target.len()
-                )));
-            }
-            let placeholder = Inode::new(S_IFREG).expect("regular mode is valid");
-            return self.write_line(&path, &placeholder, Some(&target));
-        }
-
-        let mut inode = self.inode_for(&e)?;
-        if e.kind == EntryKind::Regular {
-            if self.objects.is_some() && e.size > DEFAULT_INLINE_THRESHOLD {
-                let seq = self.send_content(tar, &e)?;
-                self.waiting.push_back(Waiting {
-                    path,
-                    inode,
-                    hardlink: None,
-                    object: Some(seq),
-                });
-                return self.settle(false);
-            }
-            inode.data = InodeData::Regular(self.read_content(tar, &e)?);
-        }
+        inode.data = InodeData::Regular(self.read_content(tar, &e)?);
         self.write_line(&path, &inode, None)
     }
 
@@ -884,80 +983,6 @@ impl<'s> LayerBuilder<'s> {
         tar.copy_data_into(e, &mut ToWorkers(objects))?;
         objects.end();
         Ok(seq)
-    }
-
-    /// The inode an entry describes (regular files without content yet).
-    fn inode_for(&self, e: &TarEntry) -> Result<Inode, String> {
-        let fmt = match e.kind {
-            EntryKind::Regular => S_IFREG,
-            EntryKind::Directory => S_IFDIR,
-            EntryKind::Symlink => S_IFLNK,
-            EntryKind::CharDevice => S_IFCHR,
-            EntryKind::BlockDevice => S_IFBLK,
-            EntryKind::Fifo => S_IFIFO,
-            EntryKind::Hardlink => unreachable!("hardlinks have no inode of their own"),
-        };
-        let mut inode = Inode::new(fmt | (e.mode & 0o7777)).map_err(|e| e.to_string())?;
-        inode.uid = e.uid;
-        inode.gid = e.gid;
-        inode.mtime = e.mtime;
-        for (k, v) in &e.xattrs {
-            if k.is_empty() || k.len() > 255 || k.contains(&0) {
-                return Err(format!(
-                    "invalid xattr name {:?} (1 to 255 bytes, no NUL)",
-                    lossy(k)
-                ));
-            }
-            if v.len() > u16::MAX as usize {
-                return Err(format!(
-                    "xattr {} value of {} bytes is too large",
-                    lossy(k),
-                    v.len()
-                ));
-            }
-            if IGNORED_XATTRS.contains(&k.as_slice()) {
-                continue;
-            }
-            // The kernel refuses user.* xattrs on anything but regular files
-            // and directories (so does every unpacker writing to a disk).
-            if k.starts_with(b"user.")
-                && !matches!(e.kind, EntryKind::Regular | EntryKind::Directory)
-            {
-                return Err(format!(
-                    "xattr {} on a {}: user.* xattrs exist only on regular files and directories",
-                    lossy(k),
-                    kind_name(e.kind)
-                ));
-            }
-            inode.xattrs.insert(k.clone(), v.clone());
-        }
-        match e.kind {
-            EntryKind::CharDevice | EntryKind::BlockDevice => {
-                inode.rdev = libc::makedev(e.devmajor, e.devminor);
-            }
-            EntryKind::Symlink => {
-                if e.link.is_empty() {
-                    return Err("symlink with an empty target".into());
-                }
-                if e.link.len() > MAX_PATH_LEN {
-                    return Err(format!(
-                        "symlink target of {} bytes is longer than {MAX_PATH_LEN}",
-                        e.link.len()
-                    ));
-                }
-                if e.link.contains(&0) {
-                    return Err("symlink target contains a NUL byte".into());
-                }
-                // A symlink's mode is 0777 on Linux whatever the header
-                // says (what any unpacker's symlink(2) gives).
-                inode.mode = S_IFLNK | 0o777;
-                inode.size = e.link.len() as u64;
-                inode.data = InodeData::Symlink(e.link.clone());
-            }
-            EntryKind::Regular => inode.size = e.size,
-            _ => {}
-        }
-        Ok(inode)
     }
 
     /// Reads a regular file's content: inline if small, else into a staged

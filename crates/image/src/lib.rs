@@ -35,6 +35,7 @@ mod pax;
 mod pipeline;
 mod scan;
 mod tar;
+pub mod toc;
 
 #[doc(hidden)]
 pub use archive::fuzz_layout_json;

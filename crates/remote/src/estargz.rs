@@ -266,6 +266,49 @@ fn toc_json_from_tar(tar: &[u8]) -> Result<&[u8], EstargzError> {
     Ok(&tar[512..512 + size as usize])
 }
 
+/// The metadata of the TOC's own tar header (a full pull unpacks the TOC
+/// as the file `stargz.index.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TocHeader {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Seconds since the epoch; 0 where the field is not plain octal.
+    pub mtime: i64,
+}
+
+/// Like [`toc_json`], and the TOC entry's header fields.
+pub fn toc_json_and_header(member: &[u8]) -> Result<(Vec<u8>, TocHeader), EstargzError> {
+    let tar = toc_tar(member)?;
+    let json = toc_json_from_tar(&tar)?.to_vec();
+    let octal = |r: std::ops::Range<usize>| {
+        let s = std::str::from_utf8(&tar[r]).unwrap_or("");
+        u64::from_str_radix(s.trim_matches(|c: char| c == '\0' || c == ' '), 8).unwrap_or(0)
+    };
+    let header = TocHeader {
+        mode: (octal(100..108) & 0o7777) as u32,
+        uid: octal(108..116).min(u32::MAX as u64) as u32,
+        gid: octal(116..124).min(u32::MAX as u64) as u32,
+        mtime: octal(136..148).min(i64::MAX as u64) as i64,
+    };
+    Ok((json, header))
+}
+
+fn toc_tar(member: &[u8]) -> Result<Vec<u8>, EstargzError> {
+    if member.len() as u64 > MAX_TOC_COMPRESSED {
+        return bad(format!(
+            "TOC: {} compressed bytes, more than {MAX_TOC_COMPRESSED}",
+            member.len()
+        ));
+    }
+    let mut tar = Vec::new();
+    flate2::read::GzDecoder::new(member)
+        .take(MAX_TOC_JSON + 2048)
+        .read_to_end(&mut tar)
+        .map_err(|e| EstargzError(format!("TOC: decompressing: {e}")))?;
+    Ok(tar)
+}
+
 /// Decompresses the TOC member (the bytes from the footer's offset up to
 /// the footer) and returns the TOC JSON, at most [`MAX_TOC_JSON`] bytes.
 pub fn toc_json(member: &[u8]) -> Result<Vec<u8>, EstargzError> {

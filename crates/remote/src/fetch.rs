@@ -84,6 +84,13 @@ impl RemoteObjects {
         let lazy = record
             .lazy
             .ok_or_else(|| not("its record names no lazy source (it is complete)"))?;
+        if lazy.estargz {
+            return Err(not(
+                "it was pulled from an eStargz image's tables of contents, which cairn does not \
+                 fetch from or serve yet (docs/lazy-format.md, \"eStargz\"); `cairn pull` pulls \
+                 it whole",
+            ));
+        }
         let awhat = format!("artifact {} of image {image_digest}", lazy.artifact_digest);
         let adigest = Digest::parse(&lazy.artifact_digest)
             .map_err(|e| RemoteError::invalid(&awhat, e.to_string()))?;
@@ -339,38 +346,51 @@ impl RemoteObjects {
             [] => Ok(()),
             [one] => self.publish(store, one).map(|_| ()),
             _ => {
-                let mut frames = Vec::with_capacity(group.len());
-                for id in group {
-                    let e = self.index.get(id).ok_or_else(|| self.not_listed(id))?;
-                    let f = e.frames[0];
-                    if e.is_chunked() {
-                        return Err(RemoteError::invalid(
-                            format!("a group of objects of image {}", self.image),
-                            format!("object {id} is chunked; it is fetched alone"),
-                        ));
-                    }
-                    if let Some((_, prev)) = frames.last() {
-                        let prev: &Frame = prev;
-                        let prev_end = prev.offset + prev.compressed;
-                        if f.pack != prev.pack
-                            || f.offset < prev_end
-                            || f.offset - prev_end > MAX_GAP
-                        {
-                            return Err(RemoteError::invalid(
-                                format!("a group of objects of image {}", self.image),
-                                format!(
-                                    "object {id} does not follow the one before it in its pack"
-                                ),
-                            ));
-                        }
-                    }
-                    frames.push((*id, f));
-                }
-                let staged = self.stage_group(store, &frames)?;
+                let staged = self.stage_run(store, group)?;
                 store.publish_staged(staged)?;
                 Ok(())
             }
         }
+    }
+
+    /// Fetches a run of two or more single-frame objects of one pack (as
+    /// [`publish_group`](Self::publish_group) takes them) with one range
+    /// request and stages each, checked against its fs-verity digest, in
+    /// `group`'s order; publishes nothing. The caller publishes them
+    /// ([`Store::publish_staged`]), and may read each staged file first
+    /// ([`StagedObject::open_staged`]): a lazy mount answers the open
+    /// that asked for them before their names are made durable.
+    pub fn stage_run(
+        &self,
+        store: &Store,
+        group: &[ObjectId],
+    ) -> Result<Vec<StagedObject>, RemoteError> {
+        let mut frames = Vec::with_capacity(group.len());
+        for id in group {
+            let e = self.index.get(id).ok_or_else(|| self.not_listed(id))?;
+            let f = e.frames[0];
+            if e.is_chunked() {
+                return Err(RemoteError::invalid(
+                    format!("a group of objects of image {}", self.image),
+                    format!("object {id} is chunked; it is fetched alone"),
+                ));
+            }
+            if let Some((_, prev)) = frames.last() {
+                let prev: &Frame = prev;
+                let prev_end = prev.offset + prev.compressed;
+                if f.pack != prev.pack || f.offset < prev_end || f.offset - prev_end > MAX_GAP {
+                    return Err(RemoteError::invalid(
+                        format!("a group of objects of image {}", self.image),
+                        format!("object {id} does not follow the one before it in its pack"),
+                    ));
+                }
+            }
+            frames.push((*id, f));
+        }
+        if frames.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.stage_group(store, &frames)
     }
 
     /// Every object of the index in pack order (a chunked object at its
@@ -627,6 +647,11 @@ pub struct FetchReport {
     pub requests: u64,
     /// The image was complete already.
     pub was_complete: bool,
+    /// An eStargz image is completed by a full pull of its layers, which
+    /// makes another image (named by fs-verity digests): its digest. The
+    /// names of the lazy image now name it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_as: Option<String>,
 }
 
 /// Fetches those of `ids` that are not in the store, each checked before
@@ -723,8 +748,14 @@ pub fn fetch_image(
         fetched_bytes: 0,
         requests: 0,
         was_complete: record.lazy.is_none(),
+        completed_as: None,
     };
-    if record.lazy.is_none() {
+    let Some(lazy) = &record.lazy else {
+        return Ok(report);
+    };
+    if lazy.estargz {
+        let done = crate::estargz_fetch::complete(store, image_digest, lazy, opts)?;
+        report.completed_as = Some(done);
         return Ok(report);
     }
     let remote = RemoteObjects::open(store, image_digest, &opts.client)?;

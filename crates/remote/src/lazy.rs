@@ -80,6 +80,15 @@ pub struct LazyPullReport {
     pub prefetched: u64,
 }
 
+/// What a lazy pull found for a reference.
+enum Lookup {
+    /// A cairn artifact.
+    Artifact(Found),
+    /// No artifact, but every layer carries an eStargz TOC annotation:
+    /// the resolved image and the annotations.
+    Estargz(Box<cairn_oci::Resolved>, Vec<String>),
+}
+
 /// The artifact found for a reference, and the manifest it is for.
 struct Found {
     artifact_digest: Digest,
@@ -126,7 +135,7 @@ fn find_artifact(
     r: &ImageRef,
     platform: Option<&PlatformSpec>,
     fetched: &mut u64,
-) -> Result<Found, RemoteError> {
+) -> Result<Lookup, RemoteError> {
     let display = r.to_string();
     let repo = &r.repository;
     let top = reg.fetch_manifest(
@@ -168,11 +177,11 @@ fn find_artifact(
                 .ok()?;
             (Digest::of(&m.bytes) == s.digest).then(|| (s.digest.clone(), m.bytes))
         });
-        return Ok(Found {
+        return Ok(Lookup::Artifact(Found {
             artifact_digest: digest,
             artifact_bytes: top.bytes,
             source,
-        });
+        }));
     }
     let resolved = cairn_oci::resolve(reg, r, platform)?;
     *fetched += resolved.manifest_bytes.len() as u64;
@@ -209,6 +218,9 @@ fn find_artifact(
         }
     };
     let Some(chosen) = listed.last() else {
+        if let Some(annotations) = crate::estargz_pull::toc_annotations(&resolved.manifest_bytes) {
+            return Ok(Lookup::Estargz(Box::new(resolved), annotations));
+        }
         let layers: Vec<&str> = resolved
             .layers
             .iter()
@@ -216,8 +228,8 @@ fn find_artifact(
             .collect();
         let stargz = has_stargz_toc(&resolved.manifest_bytes);
         let toc = if stargz {
-            "its layers carry eStargz table-of-contents annotations, but cairn reads only its \
-             own artifacts lazily"
+            "only some of its layers carry eStargz table-of-contents annotations (cairn reads an \
+             eStargz image lazily only when every layer has one)"
                 .to_string()
         } else {
             format!(
@@ -238,11 +250,11 @@ fn find_artifact(
     };
     let bytes = fetch_artifact(reg, repo, chosen, &display)?;
     *fetched += bytes.len() as u64;
-    Ok(Found {
+    Ok(Lookup::Artifact(Found {
         artifact_digest: chosen.digest.clone(),
         artifact_bytes: bytes,
         source: Some((subject.clone(), resolved.manifest_bytes)),
-    })
+    }))
 }
 
 /// The layer annotation eStargz images carry (the digest of each layer's
@@ -321,7 +333,20 @@ pub fn pull_lazy(
     let repo = r.repository.clone();
     let display = r.to_string();
     let mut fetched = 0u64;
-    let found = find_artifact(&reg, r, opts.platform.as_ref(), &mut fetched)?;
+    let found = match find_artifact(&reg, r, opts.platform.as_ref(), &mut fetched)? {
+        Lookup::Artifact(found) => found,
+        Lookup::Estargz(resolved, annotations) => {
+            return crate::estargz_pull::pull_estargz(
+                store,
+                r,
+                opts,
+                &reg,
+                *resolved,
+                annotations,
+                fetched,
+            )
+        }
+    };
     let awhat = format!("cairn artifact {} of {display}", found.artifact_digest);
     let a: Artifact = artifact::parse(&found.artifact_bytes, &awhat)?;
     if let (Some(subject), Some((digest, _))) = (&a.subject, &found.source) {
@@ -438,6 +463,7 @@ pub fn pull_lazy(
                 index_digest: a.index.digest.to_string(),
                 objects: objects.len() as u64,
                 object_bytes,
+                estargz: false,
             }),
         };
         store.write_image_record(&record)?;

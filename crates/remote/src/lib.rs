@@ -26,6 +26,8 @@
 pub mod artifact;
 mod error;
 pub mod estargz;
+pub mod estargz_fetch;
+pub mod estargz_pull;
 pub mod fetch;
 pub mod index;
 pub mod lazy;
@@ -33,6 +35,7 @@ pub mod push;
 
 pub use error::RemoteError;
 
+pub use estargz_fetch::EstargzObjects;
 pub use fetch::{fetch_image, FetchOptions, FetchReport, RemoteObjects, DEFAULT_COALESCE};
 pub use lazy::{pull_lazy, LazyPullOptions, LazyPullReport};
 pub use push::{push, PushOptions, PushReport};

@@ -80,6 +80,26 @@ pub struct Layer {
     pub size: u64,
     /// Entries of the layer (the layer record's `entries`).
     pub entries: u64,
+    /// Set for a layer the remote path committed from an image's lazy
+    /// artifact (docs/snapshotter.md, "The lazy remote path"): the store
+    /// has no layer records for its chain, and `image` is the whole
+    /// image's (incomplete) EROFS image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy: Option<LazyChain>,
+}
+
+/// Where a lazily committed layer came from, so that its chain can be
+/// pulled in full when a lazy image is not enough.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LazyChain {
+    /// The image reference the layer was pulled from (CRI label).
+    pub image_ref: String,
+    /// The manifest digest the pull resolved to.
+    pub manifest_digest: String,
+    /// `image` is the whole image's tree, not this chain's: an
+    /// intermediate layer. Mounting on it first pulls the image in full
+    /// and assembles the chain's own image.
+    pub partial: bool,
 }
 
 /// `meta/<id>.json`.
@@ -465,5 +485,44 @@ mod tests {
         assert!(m.remove("k").unwrap().is_none());
         let m = Meta::open(d.path()).unwrap();
         assert_eq!(m.records().count(), 0);
+    }
+
+    /// A committed layer's record with and without `lazy`: a record
+    /// written before the field existed reads as a full layer, and a
+    /// lazily pulled one round-trips (and is written only when set).
+    #[test]
+    fn lazy_layers_round_trip_and_old_records_read() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = Meta::open(d.path()).unwrap();
+        let layer = |lazy| Layer {
+            diff_id: format!("sha256:{}", "1".repeat(64)),
+            chain: vec![format!("sha256:{}", "1".repeat(64))],
+            image: "2".repeat(64),
+            ref_name: "containerd-snapshot-1".into(),
+            size: 0,
+            entries: 0,
+            lazy,
+        };
+        let mut r = rec(m.allocate_id(), "full");
+        r.kind = Kind::Committed;
+        r.layer = Some(layer(None));
+        m.put(r, None).unwrap();
+        let text = fs::read_to_string(d.path().join("meta/1.json")).unwrap();
+        assert!(!text.contains("lazy"), "{text}");
+        let mut r = rec(m.allocate_id(), "lazy");
+        r.kind = Kind::Committed;
+        let lz = LazyChain {
+            image_ref: "127.0.0.1:5000/a/b:1".into(),
+            manifest_digest: format!("sha256:{}", "3".repeat(64)),
+            partial: true,
+        };
+        r.layer = Some(layer(Some(lz.clone())));
+        m.put(r, None).unwrap();
+        let m = Meta::open(d.path()).unwrap();
+        assert_eq!(m.get("full").unwrap().layer.as_ref().unwrap().lazy, None);
+        assert_eq!(
+            m.get("lazy").unwrap().layer.as_ref().unwrap().lazy,
+            Some(lz)
+        );
     }
 }

@@ -130,11 +130,23 @@ fn prepare(
     r: proto::PrepareSnapshotRequest,
 ) -> BoxFuture<Result<proto::MountsResponse, Status>> {
     Box::pin(async move {
-        let r = tokio::task::spawn_blocking(move || {
+        // A remote Prepare may wait minutes for its pull: when the
+        // snapshotter is told to stop, it is answered at once and the pull
+        // abandoned (`finish_remote` records nothing once stopping).
+        let mut stop = crate::stop_signal();
+        let key = r.key.clone();
+        let task = tokio::task::spawn_blocking(move || {
             crate::snap::prepare(&s, &r.key, &r.parent, r.labels)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("Prepare: {e}")))?;
+        });
+        let r = tokio::select! {
+            r = task => r.map_err(|e| Status::internal(format!("Prepare: {e}")))?,
+            _ = stop.wait_for(|s| *s) => {
+                tracing::warn!("Prepare {key:?}: the snapshotter is stopping; the call is abandoned");
+                return Err(Status::unavailable(format!(
+                    "Prepare {key:?}: cairn snapshotter is stopping (the remote pull was abandoned)"
+                )));
+            }
+        };
         if let Err(e) = &r {
             tracing::debug!("Prepare: {e}");
         }

@@ -16,7 +16,7 @@ use cairn_store::Store;
 use rustix::fs::{flock, FlockOperation};
 
 use crate::commit::{commit_dir, Committed};
-use crate::meta::{Kind, Layer, Meta, MetaError, Record, Time, RECORD_FORMAT};
+use crate::meta::{Kind, Layer, LazyChain, Meta, MetaError, Record, Time, RECORD_FORMAT};
 use crate::proto;
 use crate::remote::{self, RemoteRequest};
 
@@ -48,8 +48,20 @@ fn internal(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> SnapError
 /// The prefix of the refs that keep committed snapshots' chain images.
 pub const REF_PREFIX: &str = "containerd-snapshot-";
 
+/// Mounts an incomplete (lazily pulled) image read-only at a directory,
+/// its data layer served by a process that outlives the snapshotter and
+/// goes when the mount goes. The `cairn` binary gives one at start
+/// (docs/snapshotter.md, "The lazy remote path").
+pub trait LazyMounter: Send + Sync {
+    /// Mounts image `image` (hex sha256) of the store at `root` on `target`.
+    fn mount(&self, root: &Path, image: &str, target: &Path) -> Result<(), String>;
+}
+
 pub struct Snapshotter {
     store: Arc<Store>,
+    /// Set: the remote path pulls images that have a cairn lazy artifact
+    /// lazily, and chain images that are incomplete are mounted with it.
+    lazy: Option<Arc<dyn LazyMounter>>,
     /// Active snapshots being committed (key → id), and the names they
     /// will take: the import runs without the snapshotter's lock.
     committing: HashMap<String, u64>,
@@ -101,12 +113,18 @@ impl Snapshotter {
         }
         Ok(Snapshotter {
             store: Arc::new(store),
+            lazy: None,
             committing: HashMap::new(),
             reserved: HashSet::new(),
             meta,
             dir,
             _lock: lock,
         })
+    }
+
+    /// Turns the lazy remote path on (see [`LazyMounter`]).
+    pub fn set_lazy_mounter(&mut self, m: Arc<dyn LazyMounter>) {
+        self.lazy = Some(m);
     }
 
     fn snap_dir(&self, id: u64) -> PathBuf {
@@ -144,13 +162,18 @@ impl Snapshotter {
             let p = self
                 .meta
                 .get(parent)
-                .ok_or_else(|| SnapError::NotFound(parent.to_owned()))?;
+                .ok_or_else(|| SnapError::NotFound(parent.to_owned()))?
+                .clone();
             let Some(layer) = &p.layer else {
                 return Err(SnapError::InvalidArgument(format!(
                     "parent {parent:?} is not a committed snapshot"
                 )));
             };
-            Some(layer.image.clone())
+            if layer.lazy.as_ref().is_some_and(|l| l.partial) {
+                Some(self.materialize(&p)?)
+            } else {
+                Some(layer.image.clone())
+            }
         };
         let id = self.meta.allocate_id();
         let sdir = self.snap_dir(id);
@@ -203,6 +226,44 @@ impl Snapshotter {
         self.mounts(key)
     }
 
+    /// An intermediate layer committed from a lazy artifact has no chain
+    /// image of its own (its record names the whole image's): pulls the
+    /// image in full (layers the store has are not fetched again),
+    /// assembles the chain's image, points the snapshot's ref at it and
+    /// rewrites its record as an ordinary layer. Slow, with the
+    /// snapshotter locked, and rare: containerd mounts the top layer.
+    fn materialize(&mut self, p: &Record) -> Result<String, SnapError> {
+        let layer = p.layer.as_ref().expect("a committed record");
+        let lz = layer.lazy.as_ref().expect("a lazy layer");
+        let what = format!(
+            "snapshot {:?} (a layer of {} pulled lazily)",
+            p.key, lz.image_ref
+        );
+        tracing::info!("{what}: pulling the image in full for a mount of this layer");
+        let _lock = self
+            .store
+            .lock_shared()
+            .map_err(|e| SnapError::Internal(format!("locking the store: {e}")))?;
+        remote::pull_full(&self.store, &lz.image_ref, &lz.manifest_digest)
+            .map_err(|e| SnapError::Internal(format!("{what}: {e}")))?;
+        let image = crate::commit::assemble_chain(&self.store, &layer.chain)
+            .map_err(|e| SnapError::Internal(format!("{what}: assembling its chain image: {e}")))?;
+        self.store
+            .set_ref(&layer.ref_name, &image)
+            .map_err(|e| SnapError::Internal(format!("ref {}: {e}", layer.ref_name)))?;
+        let mut r = p.clone();
+        let l = r.layer.as_mut().expect("a committed record");
+        l.image = image.clone();
+        l.lazy = None;
+        if let Ok(Some(rec)) = self.store.layer_record(&l.diff_id) {
+            l.size = rec.size;
+            l.entries = rec.entries;
+        }
+        r.updated = Time::now();
+        self.meta.put(r, None)?;
+        Ok(image)
+    }
+
     /// Prepare with the snapshotter locked throughout (tests; the server
     /// uses [`prepare`], which pulls without the lock). With the
     /// remote-snapshotter labels (see [`crate::remote`]) cairn first tries
@@ -246,6 +307,7 @@ impl Snapshotter {
             // The usual Prepare gives the error, or the normal path.
             return Ok(None);
         }
+        let mut lazy_parent = None;
         let parent_chain = if parent.is_empty() {
             Ok(Vec::new())
         } else {
@@ -253,7 +315,12 @@ impl Snapshotter {
                 None => Err(format!("parent {parent:?} does not exist")),
                 Some(p) => match &p.layer {
                     None => Err(format!("parent {parent:?} is not committed")),
-                    Some(l) => Ok(l.chain.clone()),
+                    Some(l) => {
+                        if let Some(lz) = l.lazy.as_ref().filter(|lz| lz.partial) {
+                            lazy_parent = Some((l.image.clone(), lz.manifest_digest.clone()));
+                        }
+                        Ok(l.chain.clone())
+                    }
                 },
             }
         };
@@ -266,6 +333,8 @@ impl Snapshotter {
         };
         self.reserved.insert(req.target.clone());
         Ok(Some(RemotePlan {
+            lazy: self.lazy.is_some(),
+            lazy_parent,
             store: self.store.clone(),
             req,
             parent: parent.to_owned(),
@@ -291,6 +360,13 @@ impl Snapshotter {
                 return Ok(());
             }
         };
+        if crate::stopping() {
+            warn_fallback(req, "the snapshotter is stopping: not recorded");
+            return Err(SnapError::Internal(format!(
+                "remote snapshot {}: the snapshotter is stopping",
+                req.target
+            )));
+        }
         let id = self.meta.allocate_id();
         let ref_name = format!("{REF_PREFIX}{id}");
         // The store's lock is still held (in `done`): gc cannot run between
@@ -317,6 +393,7 @@ impl Snapshotter {
                 ref_name: ref_name.clone(),
                 size: done.size,
                 entries: done.entries,
+                lazy: done.lazy.clone(),
             }),
         };
         if let Err(e) = self.meta.put(record, None) {
@@ -325,10 +402,11 @@ impl Snapshotter {
             return Ok(());
         }
         tracing::info!(
-            "remote snapshot {} ({} of {}) pulled by cairn",
+            "remote snapshot {} ({} of {}) pulled {}by cairn",
             req.target,
             req.layer_digest,
-            req.image_ref
+            req.image_ref,
+            if done.lazy.is_some() { "lazily " } else { "" }
         );
         Err(SnapError::AlreadyExists(req.target.clone()))
     }
@@ -401,6 +479,23 @@ impl Snapshotter {
         if is_mountpoint(&target) {
             return Ok(());
         }
+        let incomplete = self
+            .store
+            .image_record(img)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.lazy.is_some());
+        if incomplete {
+            let Some(m) = &self.lazy else {
+                return Err(SnapError::Internal(format!(
+                    "chain image {img} is incomplete (pulled lazily) and this snapshotter \
+                     serves no lazy layers (started with --no-lazy?)"
+                )));
+            };
+            return m
+                .mount(self.store.root(), img, &target)
+                .map_err(|e| SnapError::Internal(format!("mounting lazy chain image {img}: {e}")));
+        }
         let image = self.store.image_path(img);
         let objects = self.store.objects_dir();
         mount_image(&MountOptions {
@@ -462,14 +557,14 @@ impl Snapshotter {
         if self.meta.get(name).is_some() || self.reserved.contains(name) {
             return Err(SnapError::AlreadyExists(name.to_owned()));
         }
-        let parent_chain = match &r.parent {
+        let (parent_chain, parent_lazy) = match &r.parent {
             Some(p) => self
                 .meta
                 .get(p)
                 .and_then(|p| p.layer.as_ref())
-                .map(|l| l.chain.clone())
+                .map(|l| (l.chain.clone(), l.lazy.clone()))
                 .ok_or_else(|| SnapError::Internal(format!("parent {p:?} of {key:?} is gone")))?,
-            None => Vec::new(),
+            None => (Vec::new(), None),
         };
         self.committing.insert(key.to_owned(), r.id);
         self.reserved.insert(name.to_owned());
@@ -482,6 +577,7 @@ impl Snapshotter {
             labels,
             record: r,
             parent_chain,
+            parent_lazy,
         })
     }
 
@@ -517,6 +613,7 @@ impl Snapshotter {
                 ref_name: plan.ref_name,
                 size: c.layer.size,
                 entries: c.layer.entries,
+                lazy: None,
             }),
         };
         self.meta.put(rec, Some(&plan.key))?;
@@ -782,6 +879,9 @@ pub struct CommitPlan {
     labels: HashMap<String, String>,
     record: Record,
     parent_chain: Vec<String>,
+    /// The parent was committed from a lazy artifact: the store has no
+    /// layer records for its chain until the image is pulled in full.
+    parent_lazy: Option<LazyChain>,
 }
 
 impl CommitPlan {
@@ -793,6 +893,20 @@ impl CommitPlan {
             .store
             .lock_shared()
             .map_err(|e| SnapError::Internal(format!("locking the store: {e}")))?;
+        if let Some(lz) = &self.parent_lazy {
+            tracing::info!(
+                "commit of {:?} on a layer of {} pulled lazily: pulling the image in full \
+                 for its layer records",
+                self.key,
+                lz.image_ref
+            );
+            remote::pull_full(&self.store, &lz.image_ref, &lz.manifest_digest).map_err(|e| {
+                SnapError::Internal(format!(
+                    "committing {:?} on a layer of {} pulled lazily: {e}",
+                    self.key, lz.image_ref
+                ))
+            })?;
+        }
         let c = commit_dir(&self.store, &self.fs, &self.parent_chain)
             .map_err(|e| SnapError::Internal(format!("committing {:?}: {e}", self.key)))?;
         self.store
@@ -813,6 +927,11 @@ fn warn_fallback(req: &RemoteRequest, why: &str) {
 
 /// A remote Prepare's pull, prepared by [`Snapshotter::begin_remote`].
 pub struct RemotePlan {
+    /// Try the image's lazy artifact first.
+    lazy: bool,
+    /// The parent is an intermediate layer pulled lazily: its whole
+    /// image and manifest digest, to place this layer in without a pull.
+    lazy_parent: Option<(String, String)>,
     store: Arc<Store>,
     req: RemoteRequest,
     parent: String,
@@ -826,6 +945,7 @@ pub struct RemoteDone {
     image: String,
     size: u64,
     entries: u64,
+    lazy: Option<LazyChain>,
     _lock: cairn_store::StoreLock,
 }
 
@@ -837,6 +957,39 @@ impl RemotePlan {
             .store
             .lock_shared()
             .map_err(|e| format!("locking the store: {e}"))?;
+        if self.lazy {
+            let placed = match &self.lazy_parent {
+                Some((image, manifest)) if self.req.manifest_digest.as_ref() == Some(manifest) => {
+                    remote::place_layer(&self.store, image, manifest, &self.req, &self.parent_chain)
+                }
+                _ => remote::pull_layer_lazy(&self.store, &self.req, &self.parent_chain),
+            };
+            match placed {
+                Ok(l) => {
+                    return Ok(RemoteDone {
+                        pulled: remote::Pulled {
+                            diff_id: l.diff_id,
+                            chain: l.chain,
+                        },
+                        size: if l.top { l.object_bytes } else { 0 },
+                        entries: if l.top { l.objects } else { 0 },
+                        lazy: Some(LazyChain {
+                            image_ref: self.req.image_ref.clone(),
+                            manifest_digest: l.manifest_digest,
+                            partial: !l.top,
+                        }),
+                        image: l.image,
+                        _lock: lock,
+                    })
+                }
+                Err(why) => tracing::info!(
+                    "remote snapshot {} ({} of {}): not lazily: {why}; pulling it in full",
+                    self.req.target,
+                    self.req.layer_digest,
+                    self.req.image_ref
+                ),
+            }
+        }
         let pulled = remote::pull_layer(&self.store, &self.req, &self.parent_chain)?;
         let image = crate::commit::assemble_chain(&self.store, &pulled.chain)
             .map_err(|e| format!("assembling the chain image: {e}"))?;
@@ -850,6 +1003,7 @@ impl RemotePlan {
             image,
             size: rec.size,
             entries: rec.entries,
+            lazy: None,
             _lock: lock,
         })
     }

@@ -216,6 +216,9 @@ impl Store {
         for (digest, c) in roots {
             marked.images.insert(digest.clone());
             marked.objects.extend(c.objects.keys().copied());
+            // An incomplete eStargz image names its files by sha256; the
+            // ones its lazy layer stored are kept under their object ids.
+            marked.objects.extend(self.lazy_named_objects(digest));
             match self.image_layers(digest) {
                 Ok(Some(layers)) => marked.layers.extend(layers),
                 Ok(None) => {}

@@ -276,7 +276,11 @@ impl Store {
     /// Files that belong to the image besides `images/<digest>` (its
     /// record), to be removed with it.
     pub(crate) fn image_side_files(&self, digest: &str) -> Vec<PathBuf> {
-        vec![self.image_record_path(digest), self.lazy_index_path(digest)]
+        vec![
+            self.image_record_path(digest),
+            self.lazy_index_path(digest),
+            self.lazy_names_path(digest),
+        ]
     }
 
     /// Image records in `images/` whose image is not there (`<digest>` of
@@ -291,6 +295,7 @@ impl Store {
             let Some(digest) = name.to_str().and_then(|n| {
                 n.strip_suffix(".json")
                     .or_else(|| n.strip_suffix(".lazy-index"))
+                    .or_else(|| n.strip_suffix(".lazy-names"))
             }) else {
                 continue;
             };

@@ -57,7 +57,7 @@
 use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -188,6 +188,12 @@ pub struct LazySource {
     /// Distinct objects the image uses, and the sum of their sizes.
     pub objects: u64,
     pub object_bytes: u64,
+    /// An eStargz image pulled through its layers' TOCs: `artifact_digest`
+    /// and `artifact_manifest` are then the image manifest's (it names
+    /// the layer blobs), the lazy index holds the TOCs, and files are
+    /// named by the sha256 of their contents (docs/lazy-format.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estargz: bool,
 }
 
 /// Whether `s` is a diff_id as layers are named: `sha256:` and 64 lowercase
@@ -272,6 +278,22 @@ impl StagedObject {
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Opens the staged file read-only: its bytes, which hashed to
+    /// [`id`](Self::id), readable before the object is published (before
+    /// the syncs that make its name durable). The descriptor stays valid
+    /// after publication (the rename keeps the inode) and after a failed
+    /// one. `None` when the store had the object already: open it there.
+    pub fn open_staged(&self) -> Option<Result<File, StoreError>> {
+        let tmp = self.tmp.as_ref()?;
+        Some(
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(tmp.path())
+                .map_err(|e| tmp.err("opening staged object", e)),
+        )
     }
 }
 
@@ -777,6 +799,31 @@ impl Store {
     pub fn lazy_index_path(&self, digest: &str) -> PathBuf {
         debug_assert!(is_image_digest(digest), "bad image digest {digest:?}");
         self.images_dir().join(format!("{digest}.lazy-index"))
+    }
+
+    /// `images/<digest>.lazy-names`: for an incomplete eStargz image, the
+    /// files its lazy layer stored, one `<sha256 hex> <object id>` line
+    /// each (docs/lazy-format.md). Goes with the image.
+    pub fn lazy_names_path(&self, digest: &str) -> PathBuf {
+        debug_assert!(is_image_digest(digest), "bad image digest {digest:?}");
+        self.images_dir().join(format!("{digest}.lazy-names"))
+    }
+
+    /// The objects an image's lazy-names file names (none without one;
+    /// lines that are not two ids are skipped). gc keeps them with the
+    /// image.
+    pub(crate) fn lazy_named_objects(&self, digest: &str) -> Vec<crate::ObjectId> {
+        let Ok(text) = fs::read_to_string(self.lazy_names_path(digest)) else {
+            return Vec::new();
+        };
+        text.lines()
+            .filter_map(|l| {
+                let (_, id) = l.split_once(' ')?;
+                let mut raw = [0u8; 32];
+                hex::decode_to_slice(id, &mut raw).ok()?;
+                Some(crate::ObjectId(raw))
+            })
+            .collect()
     }
 
     /// Writes (or replaces) the lazy index of an image that is in the

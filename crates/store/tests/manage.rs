@@ -750,6 +750,7 @@ fn incomplete_images_in_fsck_and_gc() {
         ),
         objects: 2,
         object_bytes: 16_000,
+        estargz: false,
     });
     store.write_image_record(&record).unwrap();
     store.set_ref("lazy", &digest).unwrap();

@@ -10,8 +10,10 @@
 #[path = "../../../oci/tests/common/registry.rs"]
 pub mod registry;
 
+pub mod containerd;
 pub mod images;
 pub mod proxy;
+pub mod range_proxy;
 
 use std::ffi::OsStr;
 use std::fs;
