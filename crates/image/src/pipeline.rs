@@ -8,9 +8,10 @@
 //!                │  batches: up to 256 KiB of data or 64 files each
 //!                │  (a bounded queue per worker, buffers recycled)
 //!                ▼
-//!           [objects] ×N  fs-verity digest, staged object file
-//!                │  │       (each worker in a staging directory of its own)
-//!                │  └──►  [flusher]  syncfs every 64 MiB staged
+//!           [objects] ×N  fs-verity digest, unnamed object file (O_TMPFILE),
+//!                │  │       linked into objects/ once a sync made it durable
+//!                │  └──►  [flusher]  syncfs every 64 MiB staged (or when a
+//!                │                   worker holds half its open-file budget)
 //!                │  the objects each batch completed, in one message
 //!                ▼
 //!           [parse]       record lines written in stream order
@@ -19,9 +20,25 @@
 //! The flusher makes the disk write the staged objects while the CPUs
 //! make the next ones: the kernel would otherwise begin only when a tenth
 //! or so of memory is dirty, so that the one sync before publishing (which
-//! durability needs) wrote the whole layer while every CPU waited. A
-//! worker's own staging directory spares it the lock of a directory that
-//! another worker is creating thousands of files in.
+//! durability needs) wrote the whole layer while every CPU waited. Each
+//! sync also lets the workers name the objects it made durable, so that
+//! publication happens on every worker during the stream instead of in a
+//! serial pass of renames at the end (`cairn_store::Publisher` has the
+//! protocol). A worker's own staging directory spares it the lock of a
+//! directory that another worker is creating files in (where objects are
+//! staged with names, with fs-verity).
+//!
+//! Where the decompression thread's time goes (the Linux-tree layer, 1.36
+//! GB of tar, on a 2-core EPYC with SHA-NI; `bench/results/
+//! publish-strategies.md`, round 3): about 1.7 CPU-s of zlib-rs inflate
+//! for gzip, 2.1 CPU-s of libzstd for the same tar at `zstd -3` plus 0.4
+//! CPU-s copying out of zstd's window buffer (its streaming API decodes
+//! into its own buffer; decoding into ours would need the whole frame in
+//! one buffer), and 1 CPU-s of sha256 for the blob digest and the diff_id
+//! either way. So a zstd layer costs a little more CPU than a gzip one
+//! here, not less: zlib-rs is some four times faster than GNU gzip, which
+//! is what `zstd -d` is usually compared with. The thread is not the
+//! bound on 2 cores (the disk, or the sum of every thread's CPU, is).
 //!
 //! Messages carry batches, not files: the data of many small files (and
 //! the beginnings, ends and holes of each) travel in one buffer, so a
@@ -58,7 +75,7 @@ use std::io::{self, Read};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 
-use cairn_store::{StagedObject, Store, StoreError};
+use cairn_store::{Publisher, StagedObject, StoreError};
 
 use crate::decompress::{open_blob, Compression, Meter, OpenError};
 
@@ -336,17 +353,16 @@ pub(crate) type Done = (u64, Result<StagedObject, StoreError>);
 /// reports the objects each batch completed in one message. Emptied
 /// batches go back through `free` for reuse.
 pub(crate) fn object_worker(
-    store: &Store,
+    publisher: &Publisher<'_>,
     jobs: Receiver<Batch>,
     done: mpsc::Sender<Vec<Done>>,
     free: SyncSender<Batch>,
     flush: SyncSender<()>,
 ) {
     // Its own staging directory, so that the workers' file creations do
-    // not wait for each other's directory lock. (Without one, each object
-    // is staged in the store's, and whatever failed fails there again,
-    // with its error.)
-    let shard = store.object_shard().ok();
+    // not wait for each other's directory lock (see `Publisher::shard`),
+    // and its own objects to link once durable.
+    let mut shard = publisher.shard();
     let mut unflushed = 0usize;
     let mut current: Option<(u64, Result<cairn_store::ObjectStager, StoreError>)> = None;
     while let Ok(mut batch) = jobs.recv() {
@@ -355,11 +371,7 @@ pub(crate) fn object_worker(
         for op in batch.ops.drain(..) {
             match op {
                 Op::Begin(seq) => {
-                    let stager = match &shard {
-                        Some(shard) => shard.stage_object(),
-                        None => store.stage_object(),
-                    };
-                    current = Some((seq, stager));
+                    current = Some((seq, shard.stage_object()));
                 }
                 Op::Data(n) => {
                     let d = &batch.data[off..off + n];
@@ -380,7 +392,7 @@ pub(crate) fn object_worker(
                 }
                 Op::End => {
                     if let Some((seq, stager)) = current.take() {
-                        results.push((seq, stager.and_then(|s| s.finish(store))));
+                        results.push((seq, stager.and_then(|s| shard.finish(s))));
                     }
                 }
             }
@@ -388,7 +400,9 @@ pub(crate) fn object_worker(
         if !results.is_empty() && done.send(results).is_err() {
             return;
         }
-        if unflushed >= FLUSH_BYTES {
+        // Names what the last syncs made durable; holding half its budget
+        // of unnamed files, the worker asks for a sync.
+        if shard.publish_ready() || unflushed >= FLUSH_BYTES {
             // Full (a sync is under way or asked for already): it will
             // take these bytes too.
             let _ = flush.try_send(());
@@ -398,6 +412,9 @@ pub(crate) fn object_worker(
         batch.files = 0;
         let _ = free.try_send(batch);
     }
+    // The stream ended (or the import failed): name what is left, in
+    // parallel with the other workers.
+    shard.publish_all();
 }
 
 /// Staged bytes after which an object worker asks the flusher for a sync.
@@ -410,9 +427,9 @@ pub(crate) const FLUSH_BYTES: usize = 64 << 20;
 /// start writing only once a tenth or so of the machine's memory is
 /// dirty: for most layers, never before that last sync. Errors are left
 /// to that sync, which reports them.
-pub(crate) fn flusher(store: &Store, asks: Receiver<()>) {
+pub(crate) fn flusher(publisher: &Publisher<'_>, asks: Receiver<()>) {
     while asks.recv().is_ok() {
-        let _ = store.sync_staged();
+        let _ = publisher.sync();
     }
 }
 

@@ -80,6 +80,7 @@ mod lock;
 mod mounts;
 mod object;
 mod private;
+mod publish;
 mod record;
 mod refs;
 mod resolve;
@@ -113,6 +114,7 @@ pub use private::{
     create_private_dir, ensure_private_dir, make_dir_private, wide_mode, PRIVATE_DIRS,
     PRIVATE_DIR_MODE, PRIVATE_FILE_MODE,
 };
+pub use publish::{open_file_budget, PublishShard, Publisher, MAX_LAYER_OPEN_FILES};
 pub use record::{
     image_name_for, is_diff_id, ref_name_for, ImageRecord, ImageRecordLayer, LayerRecord,
     LayerRecordWriter, LazySource, ObjectShard, ObjectStager, StagedObject, LAYER_ENTRIES_FILE,
@@ -147,6 +149,9 @@ pub struct Store {
     /// `lstat` to find out; one made meanwhile by another process costs
     /// at most a duplicate staged file (dropped at publication).
     fanouts: OnceLock<object::Fanouts>,
+    /// Whether unnamed files can be made and linked in this store
+    /// (probed once; see `publish.rs`).
+    anonymous: OnceLock<bool>,
 }
 
 impl Store {
@@ -180,6 +185,7 @@ impl Store {
             staging: Mutex::new(None),
             verity: OnceLock::new(),
             fanouts: OnceLock::new(),
+            anonymous: OnceLock::new(),
         };
         // Cleaning is housekeeping: a store we may read but not write (or a
         // stuck entry) must not stop anyone from using it.

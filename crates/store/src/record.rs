@@ -264,10 +264,11 @@ pub struct ObjectStager {
 /// A staged object, complete and hashed, not yet visible in `objects/`.
 #[derive(Debug)]
 pub struct StagedObject {
-    id: ObjectId,
-    size: u64,
-    /// `None` when the store had the object already.
-    tmp: Option<TmpFile>,
+    pub(crate) id: ObjectId,
+    pub(crate) size: u64,
+    /// `None` when the store had the object already, or when a
+    /// [`Publisher`](crate::Publisher) holds it (to link it itself).
+    pub(crate) tmp: Option<TmpFile>,
 }
 
 impl StagedObject {
@@ -311,10 +312,24 @@ impl ObjectShard {
 impl ObjectStager {
     /// Starts staging an object in `staging`: see [`Store::stage_object`].
     fn new(staging: &Arc<Staging>) -> Result<ObjectStager, StoreError> {
+        Self::new_in(staging, false)
+    }
+
+    /// Starts staging an object in `staging`, as an unnamed (`O_TMPFILE`)
+    /// file if `anonymous` (see [`Publisher`](crate::Publisher)).
+    pub(crate) fn new_in(
+        staging: &Arc<Staging>,
+        anonymous: bool,
+    ) -> Result<ObjectStager, StoreError> {
         let mode_set = process_umask().is_some_and(|m| m & OBJECT_MODE == 0);
         let mode = if mode_set { OBJECT_MODE } else { 0o600 };
+        let tmp = if anonymous {
+            staging.anon_file(mode)?
+        } else {
+            staging.tmp_file_mode("o", mode)?
+        };
         Ok(ObjectStager {
-            tmp: staging.tmp_file_mode("o", mode)?,
+            tmp,
             hasher: FsVerityHasher::new(),
             len: 0,
             hole_at_end: false,
@@ -388,7 +403,11 @@ impl ObjectStager {
                 .set_permissions(fs::Permissions::from_mode(OBJECT_MODE))
                 .map_err(|e| self.tmp.err("setting mode of object", e))?;
         }
-        self.tmp.close();
+        // Closed now (a layer may stage more files than a process may hold
+        // open), except an unnamed file, which closing would free.
+        if !self.tmp.is_anonymous() {
+            self.tmp.close();
+        }
         Ok(StagedObject {
             id,
             size: self.len,

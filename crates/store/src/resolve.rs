@@ -78,6 +78,7 @@ impl Store {
             staging: Mutex::new(None),
             verity: OnceLock::new(),
             fanouts: OnceLock::new(),
+            anonymous: OnceLock::new(),
         })
     }
 

@@ -240,6 +240,7 @@ impl Staging {
                         path: self.path.join(name),
                         file: Some(File::from(fd)),
                         done: false,
+                        anonymous: false,
                     })
                 }
                 // Left by an earlier Store of ours in this very directory
@@ -255,6 +256,40 @@ impl Staging {
                 }
             }
         }
+    }
+}
+
+impl Staging {
+    /// A new unnamed file (`O_TMPFILE`) on this staging directory's
+    /// filesystem, open read-write, created with `mode` (less the umask).
+    /// It has no name anywhere until [`TmpFile::link_at`] gives it one,
+    /// and vanishes when closed unnamed, however the process ends. An
+    /// error if the filesystem cannot make one (`EOPNOTSUPP`, `EISDIR` on
+    /// kernels without `O_TMPFILE`): the caller falls back to
+    /// [`tmp_file_mode`](Self::tmp_file_mode).
+    pub(crate) fn anon_file(self: &Arc<Self>, mode: u32) -> Result<TmpFile, StoreError> {
+        use rustix::fs::{openat, Mode, OFlags};
+        let fd = openat(
+            &self.dir,
+            ".",
+            OFlags::RDWR | OFlags::TMPFILE | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )
+        .map_err(|e| {
+            StoreError::io(
+                "creating unnamed temporary file in",
+                &self.path,
+                &self.root,
+                e.into(),
+            )
+        })?;
+        Ok(TmpFile {
+            staging: Arc::clone(self),
+            path: self.path.join("(unnamed)"),
+            file: Some(File::from(fd)),
+            done: false,
+            anonymous: true,
+        })
     }
 }
 
@@ -293,9 +328,52 @@ pub(crate) struct TmpFile {
     path: PathBuf,
     file: Option<File>,
     done: bool,
+    /// An `O_TMPFILE` file: no name to remove, and it must stay open
+    /// until linked (closing it frees it).
+    anonymous: bool,
 }
 
 impl TmpFile {
+    /// Whether it is an unnamed (`O_TMPFILE`) file.
+    pub(crate) fn is_anonymous(&self) -> bool {
+        self.anonymous
+    }
+
+    /// Gives an unnamed file (see [`Staging::anon_file`]) the name `name`
+    /// in the directory `dir` (`dest` is the same place as a path, for
+    /// errors), never replacing an existing one: `linkat(fd, "", dir,
+    /// name, AT_EMPTY_PATH)`, which needs `CAP_DAC_READ_SEARCH`; without
+    /// it (`ENOENT`), through `/proc/self/fd`. A link takes the target
+    /// directory's lock only, not the filesystem's rename lock.
+    pub(crate) fn link_at(
+        mut self,
+        dir: impl AsFd,
+        name: &Path,
+        dest: &Path,
+    ) -> Result<Persisted, StoreError> {
+        use rustix::fs::linkat;
+        use std::os::fd::AsRawFd;
+        debug_assert!(self.anonymous, "link_at of a named file");
+        let root = self.staging.root().to_path_buf();
+        let link_err = |e: Errno| StoreError::io("linking into", dest, &root, e.into());
+        let file = self.file();
+        let r = match linkat(file, "", &dir, name, AtFlags::EMPTY_PATH) {
+            Err(Errno::NOENT | Errno::PERM) => {
+                let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+                linkat(CWD, proc_path.as_str(), &dir, name, AtFlags::SYMLINK_FOLLOW)
+            }
+            r => r,
+        };
+        match r {
+            Ok(()) => {
+                self.done = true;
+                Ok(Persisted::Created)
+            }
+            Err(Errno::EXIST) => Ok(Persisted::AlreadyExisted),
+            Err(e) => Err(link_err(e)),
+        }
+    }
+
     /// The open file. Panics if [`close`](Self::close) was called: that is a
     /// bug in this crate, not a runtime condition.
     pub(crate) fn file(&self) -> &File {
@@ -314,6 +392,7 @@ impl TmpFile {
     /// Closes the descriptor (fs-verity refuses files with writers open);
     /// the file stays until persisted or dropped.
     pub(crate) fn close(&mut self) {
+        debug_assert!(!self.anonymous, "closing an unnamed file frees it");
         self.file = None;
     }
 
@@ -334,6 +413,10 @@ impl TmpFile {
         dest: &Path,
         replace: bool,
     ) -> Result<Persisted, StoreError> {
+        if self.anonymous {
+            debug_assert!(!replace, "unnamed files are only linked, never replace");
+            return self.link_at(dir, name, dest);
+        }
         let root = self.staging.root().to_path_buf();
         let rename_err = |e: io::Error| StoreError::io("renaming into", dest, &root, e);
         let from = self
@@ -373,7 +456,7 @@ impl TmpFile {
 
 impl Drop for TmpFile {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && !self.anonymous {
             self.file = None;
             // Nothing to report to: a failure leaves debris for clean_tmp.
             let _ = fs::remove_file(&self.path);
