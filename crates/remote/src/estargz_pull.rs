@@ -41,7 +41,7 @@ use cairn_store::{ImageRecord, LazySource, Store};
 use sha2::{Digest as _, Sha256};
 
 use crate::estargz::{self, Entry, Kind, Toc};
-use crate::lazy::{LazyPullOptions, LazyPullReport};
+use crate::lazy::{incomplete_record, write_incomplete, LazyPullOptions, LazyPullReport};
 use crate::RemoteError;
 
 /// The lazy index file's magic.
@@ -381,42 +381,29 @@ pub(crate) fn pull_estargz(
         .flatten()
         .is_some_and(|rec| store.has_image(&image_sha) && rec.lazy.is_none());
     if !complete {
-        let mut w = store.image_writer()?;
-        std::io::Write::write_all(&mut w, &image).map_err(|e| cairn_store::StoreError::Source {
-            op: "writing",
-            what: "the EROFS image".into(),
-            error: e,
-        })?;
-        let digest = w.commit()?;
-        debug_assert_eq!(digest, image_sha);
-        store.write_lazy_index(&image_sha, &index)?;
         let manifest = String::from_utf8_lossy(&resolved.manifest_bytes).into_owned();
         let record = ImageRecord {
-            image_digest: image_sha.clone(),
             manifest_digest: resolved.manifest_digest.to_string(),
             config_digest: resolved.config_digest.to_string(),
             manifest: manifest.clone(),
-            config: String::from_utf8_lossy(&resolved.config_bytes).into_owned(),
-            layers: Vec::new(),
-            created: parsed_config.created.clone(),
-            architecture: parsed_config.architecture.clone(),
-            os: parsed_config.os.clone(),
-            imported: cairn_image::now_rfc3339(),
-            image_size: image.len() as u64,
-            content_size: object_bytes,
-            source: Some(format!("docker://{display}")),
-            lazy: Some(LazySource {
-                registry: r.registry.clone(),
-                repository: repo.clone(),
-                artifact_digest: resolved.manifest_digest.to_string(),
-                artifact_manifest: manifest,
-                index_digest: Digest::of(&index).to_string(),
-                objects: objects.len() as u64,
-                object_bytes,
-                estargz: true,
-            }),
+            ..incomplete_record(
+                &image_sha,
+                &resolved.config_bytes,
+                &parsed_config,
+                &display,
+                LazySource {
+                    registry: r.registry.clone(),
+                    repository: repo.clone(),
+                    artifact_digest: resolved.manifest_digest.to_string(),
+                    artifact_manifest: manifest,
+                    index_digest: Digest::of(&index).to_string(),
+                    objects: objects.len() as u64,
+                    object_bytes,
+                    estargz: true,
+                },
+            )
         };
-        store.write_image_record(&record)?;
+        write_incomplete(store, &image, &index, record)?;
     }
     if let Some(name) = &opts.name {
         store.set_ref(&cairn_store::ref_name_for(name), &image_sha)?;

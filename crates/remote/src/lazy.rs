@@ -425,15 +425,6 @@ pub fn pull_lazy(
     let objects_local = objects.keys().filter(|id| lookup.has(id)).count() as u64;
     let complete = existing.is_some();
     if !complete {
-        let mut w = store.image_writer()?;
-        std::io::Write::write_all(&mut w, &image).map_err(|e| cairn_store::StoreError::Source {
-            op: "writing",
-            what: "the EROFS image".into(),
-            error: e,
-        })?;
-        let digest = w.commit()?;
-        debug_assert_eq!(digest, image_sha);
-        store.write_lazy_index(&image_sha, &index_z)?;
         let (manifest_digest, manifest) = match &found.source {
             Some((d, b)) => (d.to_string(), String::from_utf8_lossy(b).into_owned()),
             None => (
@@ -442,31 +433,27 @@ pub fn pull_lazy(
             ),
         };
         let record = ImageRecord {
-            image_digest: image_sha.clone(),
             manifest_digest,
             config_digest: a.config.digest.to_string(),
             manifest,
-            config: String::from_utf8_lossy(&config).into_owned(),
-            layers: Vec::new(),
-            created: parsed_config.created.clone(),
-            architecture: parsed_config.architecture.clone(),
-            os: parsed_config.os.clone(),
-            imported: cairn_image::now_rfc3339(),
-            image_size: image.len() as u64,
-            content_size: object_bytes,
-            source: Some(format!("docker://{display}")),
-            lazy: Some(LazySource {
-                registry: r.registry.clone(),
-                repository: repo.clone(),
-                artifact_digest: found.artifact_digest.to_string(),
-                artifact_manifest: String::from_utf8_lossy(&found.artifact_bytes).into_owned(),
-                index_digest: a.index.digest.to_string(),
-                objects: objects.len() as u64,
-                object_bytes,
-                estargz: false,
-            }),
+            ..incomplete_record(
+                &image_sha,
+                &config,
+                &parsed_config,
+                &display,
+                LazySource {
+                    registry: r.registry.clone(),
+                    repository: repo.clone(),
+                    artifact_digest: found.artifact_digest.to_string(),
+                    artifact_manifest: String::from_utf8_lossy(&found.artifact_bytes).into_owned(),
+                    index_digest: a.index.digest.to_string(),
+                    objects: objects.len() as u64,
+                    object_bytes,
+                    estargz: false,
+                },
+            )
         };
-        store.write_image_record(&record)?;
+        write_incomplete(store, &image, &index_z, record)?;
     }
     if let Some(name) = &opts.name {
         store.set_ref(&cairn_store::ref_name_for(name), &image_sha)?;
@@ -537,6 +524,59 @@ pub(crate) fn check_packs(a: &Artifact, index: &Index, what: &str) -> Result<(),
             ));
         }
     }
+    Ok(())
+}
+
+/// The record of an incomplete image, as both kinds of lazy pull write it
+/// (a cairn artifact's, an eStargz image's): no layers, the config's
+/// creation time and platform, the size of its objects. The caller sets
+/// the manifest fields.
+pub(crate) fn incomplete_record(
+    image_sha: &str,
+    config: &[u8],
+    parsed_config: &cairn_spec::ImageConfig,
+    display: &str,
+    lazy: LazySource,
+) -> ImageRecord {
+    ImageRecord {
+        image_digest: image_sha.to_owned(),
+        manifest_digest: String::new(),
+        config_digest: String::new(),
+        manifest: String::new(),
+        config: String::from_utf8_lossy(config).into_owned(),
+        layers: Vec::new(),
+        created: parsed_config.created.clone(),
+        architecture: parsed_config.architecture.clone(),
+        os: parsed_config.os.clone(),
+        imported: cairn_image::now_rfc3339(),
+        image_size: 0,
+        content_size: lazy.object_bytes,
+        source: Some(format!("docker://{display}")),
+        lazy: Some(lazy),
+    }
+}
+
+/// Writes an incomplete image in the order docs/lazy-format.md gives ("The
+/// incomplete image in the store"): the EROFS image (staged, synced,
+/// renamed), its lazy index, then its record. The caller holds the store
+/// lock shared and has found the image not complete in the store.
+pub(crate) fn write_incomplete(
+    store: &Store,
+    image: &[u8],
+    index: &[u8],
+    mut record: ImageRecord,
+) -> Result<(), RemoteError> {
+    let mut w = store.image_writer()?;
+    std::io::Write::write_all(&mut w, image).map_err(|e| cairn_store::StoreError::Source {
+        op: "writing",
+        what: "the EROFS image".into(),
+        error: e,
+    })?;
+    let digest = w.commit()?;
+    debug_assert_eq!(digest, record.image_digest);
+    store.write_lazy_index(&record.image_digest, index)?;
+    record.image_size = image.len() as u64;
+    store.write_image_record(&record)?;
     Ok(())
 }
 
