@@ -21,20 +21,12 @@ use cairn_erofs::Mtime;
 
 use crate::apply::{apply_layer, compact, empty_image};
 use crate::layer::{prepare, AddError, Prepared};
-use crate::tar::{EntryKind, TarEntry};
+use crate::tar::TarEntry;
 use crate::LayerError;
 
-/// What a TOC entry is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TocKind {
-    Regular,
-    Hardlink,
-    Symlink,
-    CharDevice,
-    BlockDevice,
-    Directory,
-    Fifo,
-}
+/// What a TOC entry is: the tar entry types, the same enum the tar
+/// reader uses.
+pub use crate::tar::EntryKind as TocKind;
 
 /// One entry of a table of contents, as the tar entry it stands for.
 #[derive(Debug, Clone)]
@@ -67,21 +59,12 @@ pub fn toc_layer_record(
 ) -> Result<Vec<u8>, LayerError> {
     let mut out = Vec::new();
     for t in entries {
-        let kind = match t.kind {
-            TocKind::Regular => EntryKind::Regular,
-            TocKind::Hardlink => EntryKind::Hardlink,
-            TocKind::Symlink => EntryKind::Symlink,
-            TocKind::CharDevice => EntryKind::CharDevice,
-            TocKind::BlockDevice => EntryKind::BlockDevice,
-            TocKind::Directory => EntryKind::Directory,
-            TocKind::Fifo => EntryKind::Fifo,
-        };
         let e = TarEntry {
             offset: 0,
             data_offset: 0,
             path: t.path.clone(),
             link: t.link,
-            kind,
+            kind: t.kind,
             mode: t.mode & 0o7777,
             uid: t.uid,
             gid: t.gid,

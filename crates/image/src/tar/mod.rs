@@ -143,9 +143,9 @@ impl TarError {
     }
 }
 
-/// The type of an entry.
+/// The type of an entry (also what an eStargz TOC entry is: `toc::TocKind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EntryKind {
+pub enum EntryKind {
     Regular,
     Hardlink,
     Symlink,
