@@ -107,19 +107,7 @@ impl EstargzObjects {
         image_digest: &str,
         client: &ClientOptions,
     ) -> Result<EstargzObjects, RemoteError> {
-        let not = |why: &str| RemoteError::NotIncomplete {
-            image: image_digest.to_string(),
-            why: why.to_string(),
-        };
-        let record = store
-            .image_record(image_digest)?
-            .ok_or_else(|| not("it has no image record"))?;
-        let lazy = record
-            .lazy
-            .ok_or_else(|| not("its record names no lazy source (it is complete)"))?;
-        if !lazy.estargz {
-            return Err(not("it is not an eStargz image"));
-        }
+        let lazy = crate::fetch::incomplete_source(store, image_digest, true)?;
         let mwhat = format!("manifest {} of image {image_digest}", lazy.artifact_digest);
         let mdigest = Digest::parse(&lazy.artifact_digest)
             .map_err(|e| RemoteError::invalid(&mwhat, e.to_string()))?;

@@ -74,23 +74,7 @@ impl RemoteObjects {
         image_digest: &str,
         client: &ClientOptions,
     ) -> Result<RemoteObjects, RemoteError> {
-        let not = |why: &str| RemoteError::NotIncomplete {
-            image: image_digest.to_string(),
-            why: why.to_string(),
-        };
-        let record = store
-            .image_record(image_digest)?
-            .ok_or_else(|| not("it has no image record"))?;
-        let lazy = record
-            .lazy
-            .ok_or_else(|| not("its record names no lazy source (it is complete)"))?;
-        if lazy.estargz {
-            return Err(not(
-                "it was pulled from an eStargz image's tables of contents, which cairn does not \
-                 fetch from or serve yet (docs/lazy-format.md, \"eStargz\"); `cairn pull` pulls \
-                 it whole",
-            ));
-        }
+        let lazy = incomplete_source(store, image_digest, false)?;
         let awhat = format!("artifact {} of image {image_digest}", lazy.artifact_digest);
         let adigest = Digest::parse(&lazy.artifact_digest)
             .map_err(|e| RemoteError::invalid(&awhat, e.to_string()))?;
@@ -505,6 +489,38 @@ impl RemoteObjects {
             out.push(staged);
         }
         Ok(out)
+    }
+}
+
+/// The lazy source in the record of the store's incomplete image
+/// `image_digest`, if it is of the kind asked for: pulled from an eStargz
+/// image's tables of contents (`estargz`, served by
+/// [`EstargzObjects`](crate::EstargzObjects)) or from a cairn artifact
+/// (served by [`RemoteObjects`]). Anything else is named in the error.
+pub(crate) fn incomplete_source(
+    store: &Store,
+    image_digest: &str,
+    estargz: bool,
+) -> Result<cairn_store::LazySource, RemoteError> {
+    let not = |why: &str| RemoteError::NotIncomplete {
+        image: image_digest.to_string(),
+        why: why.to_string(),
+    };
+    let record = store
+        .image_record(image_digest)?
+        .ok_or_else(|| not("it has no image record"))?;
+    let lazy = record
+        .lazy
+        .ok_or_else(|| not("its record names no lazy source (it is complete)"))?;
+    match (lazy.estargz, estargz) {
+        (true, false) => Err(not(
+            "it was pulled from an eStargz image's tables of contents, not from a cairn \
+             artifact: its files are fetched by the eStargz source",
+        )),
+        (false, true) => Err(not(
+            "it was pulled from a cairn artifact, not from an eStargz image",
+        )),
+        _ => Ok(lazy),
     }
 }
 
