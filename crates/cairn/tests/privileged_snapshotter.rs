@@ -1441,7 +1441,7 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     drop(stop);
     assert_eq!(gets(&layers), 0, "layer blobs fetched");
 
-    // A view of an intermediate layer (the artifact has the whole image's
+    // A snapshot on an intermediate layer (the artifact has the whole image's
     // tree only): the image is pulled in full and the chain's own image
     // mounted.
     let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
@@ -1497,40 +1497,38 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
         "{}",
         log(&ds)
     );
-    let view = ds.ctr(&[
+    // An active snapshot on the intermediate layer, not a `ctr snapshots
+    // view`: ctr labels what it prepares as a gc root and leaves its views
+    // unlabelled and unleased, so containerd's gc (due after the removal
+    // above) may take a view between two ctr calls, as it once did in CI.
+    let prepared = ds.ctr(&[
         "snapshots",
         "--snapshotter",
         "cairn",
-        "view",
+        "prepare",
         "--target",
         "/mnt",
-        "view-of-the-second",
+        "on-the-second",
         second,
     ]);
-    let source = view
-        .split_whitespace()
+    let source = prepared
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == ':')
         .find(|w| w.contains("/snapshots/chains/"))
-        .unwrap_or_else(|| panic!("no chain mount in {view:?}"));
+        .unwrap_or_else(|| panic!("no chain mount in {prepared:?}"));
     let tree = std::path::Path::new(source);
-    assert!(tree.join("etc").is_dir(), "{source}: {view}");
+    assert!(tree.join("etc").is_dir(), "{source}: {prepared}");
     for later in ["opt/data", "busybox", "srv/top"] {
-        assert!(!tree.join(later).exists(), "{later} in a view of layer 2");
+        assert!(!tree.join(later).exists(), "{later} in a mount of layer 2");
     }
     assert!(
         log(&ds).contains("pulling the image in full"),
         "{}",
         log(&ds)
     );
-    ds.ctr(&[
-        "snapshots",
-        "--snapshotter",
-        "cairn",
-        "rm",
-        "view-of-the-second",
-    ]);
-    // No container and no view left: the chain mounts go (containerd
-    // removes snapshots in its background gc), and the lazy servers with
-    // them (a supervisor removes its pid file as it exits).
+    ds.ctr(&["snapshots", "--snapshotter", "cairn", "rm", "on-the-second"]);
+    // No container and no snapshot on the layers left: the chain mounts
+    // go (containerd removes snapshots in its background gc), and the lazy
+    // servers with them (a supervisor removes its pid file as it exits).
     let store = ds.dir.path().join("store");
     let servers = || {
         std::fs::read_dir(store.join("lazy"))
