@@ -950,12 +950,12 @@ fn privileged_snapshotter_restart_while_running() {
 // ---------------------------------------------------------------------
 
 /// A TCP relay on 127.0.0.1 that records each HTTP request passing
-/// through it (request line and User-Agent). Registry clients send no
+/// through it (request line, User-Agent and Range). Registry clients send no
 /// bodies with GET and HEAD, so the client-to-server stream is a sequence
 /// of header blocks.
 struct CountingProxy {
     addr: String,
-    requests: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<Request>>>,
     /// While set, requests from cairn (its User-Agent) are held back.
     stall_cairn: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -995,16 +995,17 @@ impl CountingProxy {
                             let head = String::from_utf8_lossy(&pending[..end]).into_owned();
                             pending.drain(..end + 4);
                             let line = head.lines().next().unwrap_or("").to_owned();
-                            let ua = head
-                                .lines()
-                                .find_map(|l| {
+                            let header = |name: &str| {
+                                head.lines().find_map(|l| {
                                     l.split_once(':')
-                                        .filter(|(k, _)| k.eq_ignore_ascii_case("user-agent"))
+                                        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
                                         .map(|(_, v)| v.trim().to_owned())
                                 })
-                                .unwrap_or_default();
+                            };
+                            let ua = header("user-agent").unwrap_or_default();
+                            let range = header("range");
                             let held = ua.starts_with("cairn/");
-                            reqs.lock().unwrap().push((line, ua));
+                            reqs.lock().unwrap().push(Request { line, ua, range });
                             while held && stall.load(std::sync::atomic::Ordering::SeqCst) {
                                 std::thread::sleep(Duration::from_millis(50));
                             }
@@ -1026,17 +1027,39 @@ impl CountingProxy {
 
     /// `(user agent, digest)` of every blob GET so far.
     fn blob_gets(&self) -> Vec<(String, String)> {
+        self.blob_range_gets()
+            .into_iter()
+            .map(|(ua, d, _)| (ua, d))
+            .collect()
+    }
+
+    /// `(user agent, digest, bytes asked for)` of every blob GET so far;
+    /// `None` for a GET of the whole blob (no `Range`, or one this does
+    /// not read as a single `bytes=FIRST-LAST`).
+    fn blob_range_gets(&self) -> Vec<(String, String, Option<u64>)> {
         self.requests
             .lock()
             .unwrap()
             .iter()
-            .filter_map(|(line, ua)| {
-                let path = line.strip_prefix("GET ")?.split(' ').next()?;
+            .filter_map(|r| {
+                let path = r.line.strip_prefix("GET ")?.split(' ').next()?;
                 let (_, d) = path.split_once("/blobs/")?;
-                Some((ua.clone(), d.to_owned()))
+                let len = r.range.as_deref().and_then(|v| {
+                    let (a, b) = v.strip_prefix("bytes=")?.split_once('-')?;
+                    let (a, b) = (a.parse::<u64>().ok()?, b.parse::<u64>().ok()?);
+                    (b >= a).then(|| b - a + 1)
+                });
+                Some((r.ua.clone(), d.to_owned(), len))
             })
             .collect()
     }
+}
+
+/// One request through a [`CountingProxy`].
+struct Request {
+    line: String,
+    ua: String,
+    range: Option<String>,
 }
 
 #[test]
@@ -1173,11 +1196,16 @@ fn remote_pull(v: Ctd) {
 /// The manifest `tag` of the test repository, read from the registry at
 /// `upstream` directly (not through a counting proxy).
 fn manifest_at(upstream: &str, tag: &str) -> serde_json::Value {
+    manifest_of(upstream, REPO, tag)
+}
+
+/// The manifest `repo:tag`, read from the registry at `upstream` directly.
+fn manifest_of(upstream: &str, repo: &str, tag: &str) -> serde_json::Value {
     use std::io::{Read, Write};
     let mut c = std::net::TcpStream::connect(upstream).unwrap();
     write!(
         c,
-        "GET /v2/{REPO}/manifests/{tag} HTTP/1.0\r\nHost: {upstream}\r\nAccept: {OCI_MANIFEST}\r\n\r\n"
+        "GET /v2/{repo}/manifests/{tag} HTTP/1.0\r\nHost: {upstream}\r\nAccept: {OCI_MANIFEST}\r\n\r\n"
     )
     .unwrap();
     let mut resp = Vec::new();
@@ -1563,6 +1591,259 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     cairn_ok_at(&store, &["fsck"]);
 }
 
+// ---------------------------------------------------------------------
+// The lazy remote path for an eStargz image (no cairn artifact; every
+// layer annotated with its TOC's digest): the metadata comes from the
+// layers' tables of contents, read by range.
+// ---------------------------------------------------------------------
+
+/// What the eStargz test image's container prints: the upper layer's
+/// files, a whiteout and an opaque directory at work, modes, owners and
+/// sizes (of `/data/big` too, which is not read), and a write. (`cairn
+/// run` adds /etc/hostname, hosts and resolv.conf; `ctr run` does not.)
+const ESGZ_SCRIPT: &str = "cat /etc/msg; ls /usr/lib /bin; \
+    ls /etc | grep -vx -e hostname -e hosts -e resolv.conf; \
+    stat -c '%n %a %u:%g %s %Y' /etc/msg /usr/lib/new /bin/busybox /bin/ls /data/big; \
+    md5sum /usr/lib/new; test -e /etc/gone || echo gone is gone; \
+    echo written > /etc/written && cat /etc/written";
+
+/// An eStargz image made by stargz-snapshotter's converter
+/// (`support::estargz`), pulled by containerd with the CRI's labels into
+/// cairn through the counting proxy, with the snapshotter started
+/// `--lazy-fetch on-demand --coalesce 0`: both layers are committed
+/// lazily, from the TOCs alone (only ranged GETs of the layer blobs, a
+/// few KB, all by cairn); `ctr run` prints what `cairn run` of a full
+/// pull prints, fetching only the files it reads (not the 5 MiB
+/// `/data/big`); once the image is removed from containerd, its
+/// snapshots, refs, chain mounts and lazy servers are gone.
+#[test]
+fn privileged_snapshotter_estargz_lazy_remote_pull() {
+    estargz_lazy_remote_pull(Ctd::V16);
+}
+
+/// The same with containerd 2.4.2 and its client.
+#[test]
+fn privileged_snapshotter_containerd2_estargz_lazy_remote_pull() {
+    estargz_lazy_remote_pull(Ctd::V24);
+}
+
+fn estargz_lazy_remote_pull(v: Ctd) {
+    require_root();
+    let t0 = Instant::now();
+    let lap = |what: &str| eprintln!("{:6.1}s {what}", t0.elapsed().as_secs_f64());
+    let rpull = build_rpull(v);
+    lap("rpull built");
+    let reg = LocalRegistry::start();
+    // Converted on a containerd of its own, stopped once it has pushed.
+    let esgz = {
+        let conv = support::containerd::Containerd::start();
+        support::estargz::publish_estargz(&conv, &reg).1
+    };
+    lap("eStargz image published");
+    let proxy = CountingProxy::start(&reg.addr);
+    let reference = esgz.replacen(&reg.addr, &proxy.addr, 1);
+    let command = ["/bin/sh", "-c", ESGZ_SCRIPT];
+
+    // What the image prints when pulled in full and run by cairn.
+    let scratch = tempfile::Builder::new()
+        .prefix("cairn-esgz-full-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    support::cairn_ok(scratch.path(), &["pull", "-q", &esgz]);
+    let mut args = vec!["run", esgz.as_str()];
+    args.extend(command);
+    let expected = support::cairn_ok(scratch.path(), &args);
+    assert!(
+        expected.contains("upper layer") && expected.contains("gone is gone"),
+        "{expected}"
+    );
+    drop(scratch);
+    lap("cairn run of the full pull");
+
+    let ds = Daemons::start_with(v, &["--lazy-fetch", "on-demand", "--coalesce", "0"]);
+    let log = |ds: &Daemons| {
+        std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default()
+    };
+    let o = Command::new(&rpull)
+        .arg(ds.dir.path().join("containerd.sock"))
+        .args([v.namespace(), "cairn", &reference])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "rpull: {}{}\nsnapshotter log:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        log(&ds)
+    );
+    lap("pulled");
+    assert_eq!(
+        log(&ds).matches("pulled lazily by cairn").count(),
+        2,
+        "layers pulled lazily, snapshotter log:\n{}",
+        log(&ds)
+    );
+    let manifest = {
+        let (repo, tag) = esgz.split_once('/').unwrap().1.rsplit_once(':').unwrap();
+        manifest_of(&reg.addr, repo, tag)
+    };
+    let layers: BTreeSet<String> = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            assert!(
+                l["annotations"]["containerd.io/snapshot/stargz/toc.digest"].is_string(),
+                "not an eStargz layer: {l}"
+            );
+            l["digest"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(layers.len(), 2);
+    // Layer blob GETs: (whole-blob GETs, bytes asked for by range).
+    let layer_gets = || {
+        let mut whole = Vec::new();
+        let mut ranged = 0u64;
+        for (ua, d, len) in proxy.blob_range_gets() {
+            if !layers.contains(&d) {
+                continue;
+            }
+            assert!(ua.starts_with("cairn/"), "layer {d} fetched by {ua:?}");
+            match len {
+                Some(n) => ranged += n,
+                None => whole.push(d),
+            }
+        }
+        (whole, ranged)
+    };
+    let (whole, toc_bytes) = layer_gets();
+    assert!(
+        whole.is_empty(),
+        "whole layer blobs fetched by the pull: {whole:?}"
+    );
+    assert!(
+        toc_bytes > 0 && toc_bytes < 64 << 10,
+        "the pull asked for {toc_bytes} bytes of the layers (footers and TOCs are a few KB): {:#?}",
+        proxy.blob_range_gets()
+    );
+    let store = ds.dir.path().join("store");
+    let objects = || {
+        std::fs::read_dir(store.join("objects"))
+            .map(|d| {
+                d.flatten()
+                    .flat_map(|f| std::fs::read_dir(f.path()).into_iter().flatten().flatten())
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(objects(), 0, "objects stored by the pull");
+
+    // The container prints what cairn's full pull prints, and only what it
+    // read came over the wire: busybox, /etc/msg, /usr/lib/new (md5sum),
+    // not the 5 MiB of /data/big.
+    let mut args = vec![
+        "run",
+        "--rm",
+        "--snapshotter",
+        "cairn",
+        &reference,
+        "esgz-1",
+    ];
+    args.extend(command);
+    let got = ds.ctr(&args);
+    assert_eq!(
+        got, expected,
+        "the lazy eStargz container prints differently"
+    );
+    let (whole, bytes) = layer_gets();
+    lap(&format!(
+        "ctr run: {toc_bytes} bytes of the layers asked for by the pull, {} by the run",
+        bytes - toc_bytes
+    ));
+    assert!(
+        whole.is_empty(),
+        "whole layer blobs fetched by the run: {whole:?}"
+    );
+    let read_by_run = bytes - toc_bytes;
+    assert!(
+        read_by_run > 0 && read_by_run < 5 << 20,
+        "the run asked for {read_by_run} bytes of the layers (busybox is ~1 MB compressed, \
+         /data/big 5 MiB, not read)"
+    );
+    assert_eq!(
+        objects(),
+        3,
+        "objects stored: the files read (busybox, msg, new)"
+    );
+
+    // The container is gone: so is its chain mount and the lazy server.
+    let chains = format!("{}/", store.join("snapshots/chains").display());
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&chains))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let servers = || {
+        std::fs::read_dir(store.join("lazy"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".pid"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let released = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !servers().is_empty() || !mounted().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: chain mounts {:?}, lazy servers {:?}",
+                mounted(),
+                servers()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    released("after ctr run --rm");
+    lap("released");
+    // The image removed from containerd: its snapshots go (containerd's gc
+    // removes them), and with them the refs that kept the image in the
+    // store; cairn's gc then frees it.
+    ds.ctr(&["images", "rm", "--sync", &reference]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
+        if listed.lines().nth(1).is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "snapshots left after the image's removal: {listed}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    released("after the image's removal");
+    let images = support::cairn_ok(&store, &["images"]);
+    assert!(!images.contains("containerd-snapshot-"), "{images}");
+    support::cairn_ok(&store, &["gc"]);
+    assert_eq!(objects(), 0, "objects left after gc");
+    let left: Vec<String> = std::fs::read_dir(store.join("images"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "images left after gc: {left:?}");
+    support::assert_fsck_clean(&store, "after the eStargz image's removal and gc");
+    lap("done");
+}
+
 /// SIGTERM while a remote Prepare waits for its pull (the registry holds
 /// cairn's requests back): the snapshotter answers the Prepare (containerd's
 /// pull fails), exits within seconds, records nothing of the pull (fsck
@@ -1597,7 +1878,7 @@ fn privileged_snapshotter_sigterm_during_a_remote_pull() {
             .lock()
             .unwrap()
             .iter()
-            .any(|(_, ua)| ua.starts_with("cairn/"))
+            .any(|r| r.ua.starts_with("cairn/"))
     });
     std::thread::sleep(Duration::from_millis(500));
     let t = Instant::now();

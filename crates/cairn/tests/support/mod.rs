@@ -11,6 +11,7 @@
 pub mod registry;
 
 pub mod containerd;
+pub mod estargz;
 pub mod images;
 pub mod proxy;
 pub mod range_proxy;
