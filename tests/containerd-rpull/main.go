@@ -8,6 +8,10 @@
 // crates/cairn/tests/privileged_snapshotter.rs.
 //
 // Usage: rpull ADDRESS NAMESPACE SNAPSHOTTER REF (plain HTTP to the registry)
+//
+// With RPULL_NO_MANIFEST_DIGEST=1 in the environment the layers lose the
+// containerd.io/snapshot/cri.manifest-digest label again (as from a client
+// that does not set it).
 package main
 
 import (
@@ -16,9 +20,11 @@ import (
 	"os"
 
 	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/images"
 	"github.com/containerd/containerd/namespaces"
 	snpkg "github.com/containerd/containerd/pkg/snapshotters"
 	"github.com/containerd/containerd/remotes/docker"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 func main() {
@@ -37,11 +43,25 @@ func main() {
 	resolver := docker.NewResolver(docker.ResolverOptions{
 		Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchAllHosts)),
 	})
+	wrap := snpkg.AppendInfoHandlerWrapper(ref)
+	if os.Getenv("RPULL_NO_MANIFEST_DIGEST") == "1" {
+		labelled := wrap
+		wrap = func(f images.Handler) images.Handler {
+			h := labelled(f)
+			return images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+				children, err := h.Handle(ctx, desc)
+				for i := range children {
+					delete(children[i].Annotations, snpkg.TargetManifestDigestLabel)
+				}
+				return children, err
+			})
+		}
+	}
 	img, err := client.Pull(ctx, ref,
 		containerd.WithResolver(resolver),
 		containerd.WithPullUnpack,
 		containerd.WithPullSnapshotter(sn),
-		containerd.WithImageHandlerWrapper(snpkg.AppendInfoHandlerWrapper(ref)),
+		containerd.WithImageHandlerWrapper(wrap),
 	)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pulling:", err)

@@ -1591,6 +1591,99 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     cairn_ok_at(&store, &["fsck"]);
 }
 
+/// The lazy remote path when the layers carry no `cri.manifest-digest`
+/// (the Go client strips it): the image ref is resolved once, by the
+/// bottom layer's Prepare, and the four layers above it are placed in
+/// the image that pull made (the snapshotter remembers what the ref
+/// resolved to for a minute): cairn asks for the image's manifest and the
+/// artifact's EROFS blob once, not once per layer. The image runs.
+#[test]
+fn privileged_snapshotter_lazy_remote_pull_without_manifest_digest() {
+    require_root();
+    let v = Ctd::V16;
+    let rpull = build_rpull(v);
+    let reg = LocalRegistry::start();
+    let direct = push_image(&reg);
+    let upstream = direct.split('/').next().unwrap().to_owned();
+    let (_, erofs) = push_lazy_artifact(&direct, &upstream);
+    let proxy = CountingProxy::start(&upstream);
+    let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
+    let ds = Daemons::start_with(v, &["--lazy-fetch", "on-demand"]);
+    let log = || std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default();
+    let o = Command::new(&rpull)
+        .arg(ds.dir.path().join("containerd.sock"))
+        .args([v.namespace(), "cairn", &reference])
+        .env("RPULL_NO_MANIFEST_DIGEST", "1")
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "rpull: {}{}\nsnapshotter log:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        log()
+    );
+    assert_eq!(
+        log().matches("pulled lazily by cairn").count(),
+        5,
+        "layers pulled lazily, snapshotter log:\n{}",
+        log()
+    );
+    let manifest_requests = || {
+        proxy
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r.ua.starts_with("cairn/")
+                    && r.line.contains(&format!("/v2/{REPO}/manifests/{TAG} "))
+            })
+            .count()
+    };
+    // What one lazy pull of the image asks for (a `cairn pull --lazy`
+    // into a scratch store, through the same proxy).
+    let one_pull = {
+        let before = manifest_requests();
+        let scratch = tempfile::Builder::new()
+            .prefix("cairn-lazy-one-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        cairn_ok_at(scratch.path(), &["pull", "-q", "--lazy", &reference]);
+        manifest_requests() - before
+    };
+    assert!(one_pull >= 1);
+    assert_eq!(
+        manifest_requests() - one_pull,
+        one_pull,
+        "cairn's requests for the image's manifest: five layers should cost one lazy pull's \
+         ({one_pull})"
+    );
+    let erofs_gets = proxy
+        .blob_gets()
+        .into_iter()
+        .filter(|(_, d)| *d == erofs)
+        .count();
+    assert_eq!(
+        erofs_gets,
+        2,
+        "EROFS blob fetches (the snapshotter's and the scratch pull's): {:#?}",
+        proxy.blob_gets()
+    );
+    let out = ds.ctr(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "cairn",
+        &reference,
+        "no-digest",
+        "/busybox/busybox",
+        "cat",
+        "/etc/os-release",
+    ]);
+    assert!(out.contains("ID=cairn-test"), "{out}");
+}
+
 // ---------------------------------------------------------------------
 // The lazy remote path for an eStargz image (no cairn artifact; every
 // layer annotated with its TOC's digest): the metadata comes from the

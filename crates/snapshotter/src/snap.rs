@@ -10,6 +10,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cairn_mount::{mount_image, MountOptions, UpperSpec, VerityMode};
 use cairn_store::Store;
@@ -48,6 +49,13 @@ fn internal(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> SnapError
 /// The prefix of the refs that keep committed snapshots' chain images.
 pub const REF_PREFIX: &str = "containerd-snapshot-";
 
+/// How long the manifest an image ref resolved to in a lazy pull stands
+/// for that ref, for the later layers' Prepares of a pull that carry no
+/// `cri.manifest-digest`: containerd prepares an image's layers one after
+/// the other, and the lazy path places each in well under a second, so a
+/// minute covers one pull and not the next one of a moved tag.
+pub const RESOLVED_FOR: Duration = Duration::from_secs(60);
+
 /// Mounts an incomplete (lazily pulled) image read-only at a directory,
 /// its data layer served by a process that outlives the snapshotter and
 /// goes when the mount goes. The `cairn` binary gives one at start
@@ -66,6 +74,10 @@ pub struct Snapshotter {
     /// will take: the import runs without the snapshotter's lock.
     committing: HashMap<String, u64>,
     reserved: HashSet<String>,
+    /// Image ref → the manifest digest a lazy pull of it resolved to, and
+    /// when: for the later layers of the same pull when containerd sends
+    /// no `cri.manifest-digest` (see [`RESOLVED_FOR`]).
+    resolved: HashMap<String, (String, Instant)>,
     meta: Meta,
     dir: PathBuf,
     /// Held (flock, exclusive) for the snapshotter's life.
@@ -116,6 +128,7 @@ impl Snapshotter {
             lazy: None,
             committing: HashMap::new(),
             reserved: HashSet::new(),
+            resolved: HashMap::new(),
             meta,
             dir,
             _lock: lock,
@@ -331,10 +344,20 @@ impl Snapshotter {
                 return Ok(None);
             }
         };
+        // The manifest the layer must be placed in without a pull: the one
+        // containerd names, or else the one this image ref resolved to for
+        // the parent's layer moments ago (the same pull).
+        let manifest = req.manifest_digest.clone().or_else(|| {
+            self.resolved
+                .get(&req.image_ref)
+                .filter(|(_, at)| at.elapsed() < RESOLVED_FOR)
+                .map(|(m, _)| m.clone())
+        });
         self.reserved.insert(req.target.clone());
         Ok(Some(RemotePlan {
             lazy: self.lazy.is_some(),
             lazy_parent,
+            manifest,
             store: self.store.clone(),
             req,
             parent: parent.to_owned(),
@@ -366,6 +389,14 @@ impl Snapshotter {
                 "remote snapshot {}: the snapshotter is stopping",
                 req.target
             )));
+        }
+        if let (true, Some(lz)) = (done.resolved, &done.lazy) {
+            self.resolved
+                .retain(|_, (_, at)| at.elapsed() < RESOLVED_FOR);
+            self.resolved.insert(
+                req.image_ref.clone(),
+                (lz.manifest_digest.clone(), Instant::now()),
+            );
         }
         let id = self.meta.allocate_id();
         let ref_name = format!("{REF_PREFIX}{id}");
@@ -932,6 +963,10 @@ pub struct RemotePlan {
     /// The parent is an intermediate layer pulled lazily: its whole
     /// image and manifest digest, to place this layer in without a pull.
     lazy_parent: Option<(String, String)>,
+    /// The manifest this layer belongs to: containerd's
+    /// `cri.manifest-digest`, or what the image ref resolved to in this
+    /// pull. The layer is placed in `lazy_parent` only if it is the same.
+    manifest: Option<String>,
     store: Arc<Store>,
     req: RemoteRequest,
     parent: String,
@@ -946,6 +981,8 @@ pub struct RemoteDone {
     size: u64,
     entries: u64,
     lazy: Option<LazyChain>,
+    /// The image ref was resolved (a lazy pull), not taken from a parent.
+    resolved: bool,
     _lock: cairn_store::StoreLock,
 }
 
@@ -959,13 +996,15 @@ impl RemotePlan {
             .map_err(|e| format!("locking the store: {e}"))?;
         if self.lazy {
             let placed = match &self.lazy_parent {
-                Some((image, manifest)) if self.req.manifest_digest.as_ref() == Some(manifest) => {
+                Some((image, manifest)) if self.manifest.as_ref() == Some(manifest) => {
                     remote::place_layer(&self.store, image, manifest, &self.req, &self.parent_chain)
+                        .map(|l| (l, false))
                 }
-                _ => remote::pull_layer_lazy(&self.store, &self.req, &self.parent_chain),
+                _ => remote::pull_layer_lazy(&self.store, &self.req, &self.parent_chain)
+                    .map(|l| (l, true)),
             };
             match placed {
-                Ok(l) => {
+                Ok((l, resolved)) => {
                     return Ok(RemoteDone {
                         pulled: remote::Pulled {
                             diff_id: l.diff_id,
@@ -979,6 +1018,7 @@ impl RemotePlan {
                             partial: !l.top,
                         }),
                         image: l.image,
+                        resolved,
                         _lock: lock,
                     })
                 }
@@ -1004,6 +1044,7 @@ impl RemotePlan {
             size: rec.size,
             entries: rec.entries,
             lazy: None,
+            resolved: false,
             _lock: lock,
         })
     }
