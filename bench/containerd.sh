@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# The containerd snapshotter benchmark (issue 14, part 5): containerd 2.4.2
-# with its overlayfs snapshotter against `cairn snapshotter`, normal path
-# (containerd fetches and unpacks, cairn imports on Commit) and remote path
-# (cairn pulls the layers itself; containerd's transfer service passes the
-# CRI layer labels because the proxy plugin exports
-# enable_remote_snapshot_annotations). The remote lazy path is not built
-# yet (docs/snapshotter.md): it is reported as missing, not measured.
+# The containerd snapshotter benchmark (issue 14, part 5): containerd (2.4.2,
+# or Debian's 1.6 with --containerd 1.6) with its overlayfs snapshotter
+# against `cairn snapshotter`, on three paths:
+#   normal       containerd fetches and unpacks, cairn imports on Commit;
+#   remote       cairn pulls the layers itself (`--no-lazy`); containerd
+#                passes the CRI layer labels: 2.4's transfer service
+#                because the proxy plugin exports
+#                enable_remote_snapshot_annotations (`ctr image pull`), 1.6
+#                through the CRI's label handler in a small Go client
+#                (tests/containerd-rpull, built here in GOPATH mode);
+#   remote lazy  the same pull of an image that has a cairn lazy artifact
+#                (pushed by the prepare stage, with a prefetch list recorded
+#                by `cairn run --lazy --record-prefetch` of the image's
+#                command), the snapshotter started `--lazy-fetch on-demand`:
+#                only the metadata and the prefetch list's files are pulled,
+#                the rest is fetched as it is read.
 #
 # Figures, medians of --runs interleaved cold samples (page cache dropped,
 # fresh containerd root and cairn store each):
 #   - cold `ctr image pull` and `ctr run --rm IMAGE ID /bin/true` after it;
 #   - warm `ctr run --rm IMAGE ID /bin/true` (the image pulled, 3 starts);
+#   - cold pull and a first run of the image's command (python:
+#     `python3 -c 'import numpy'`; linux: `ls -lR` of kernel/ and the head
+#     of the Makefile), separate samples;
+#   - bytes the registry sent for each cold sample (its access log);
 #   - disk used by three images that share most files (the python image's
 #     two layers re-tarred with three different mtimes: every layer differs,
 #     the files' contents do not): overlayfs's snapshots against cairn's
@@ -18,17 +31,19 @@
 #     separately;
 #   - page cache of ten containers of those three images reading the same
 #     files (`fincore` over the snapshotter's backing files).
-# The images come from bench/pull-containerd.sh's cache and registry storage
-# (it is run with --prepare-only if they are missing).
+# Images: python (debian + python3 and numpy) and linux (debian + a Linux
+# source tree under /usr/src/linux), gzip, built from bench/pull-containerd.sh's
+# trees and layers (it is run with --prepare-only if they are missing) and
+# pushed to its registry storage with their lazy artifacts (bench/IMG-lazy).
 #
-#   sudo bench/containerd.sh [--runs N] [--only python,linux] [--cairn BIN]
-#                            [--out FILE] [--work DIR]
+#   sudo bench/containerd.sh [--runs N] [--only python,linux] [--containerd 2.4|1.6]
+#                            [--cairn BIN] [--out FILE] [--work DIR]
 set -euo pipefail
 
 here=$(dirname "$(readlink -f "$0")")
 repo=$(dirname "$here")
 all_args=("$@")
-runs=3 only=python
+runs=3 only=python ctd_version=2.4
 cairn=$repo/target/x86_64-unknown-linux-musl/release/cairn
 out=$repo/bench/results/containerd.md
 work=/var/tmp/cairn-bench-containerd
@@ -46,12 +61,15 @@ while [ $# -gt 0 ]; do
     --cairn) cairn=$(readlink -f "$2"); shift ;;
     --out) out=$2; shift ;;
     --work) work=$2; shift ;;
-    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --containerd) ctd_version=$2; shift ;;
+    -h | --help) sed -n '2,/^#  *\[--cairn/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (try --help)" ;;
   esac
   shift
 done
 IFS=, read -r -a images <<<"$only"
+for img in "${images[@]}"; do case "$img" in python | linux) ;; *) die "--only: python, linux" ;; esac; done
+case "$ctd_version" in 1.6 | 2.4) ;; *) die "--containerd: 1.6 (Debian's) or 2.4 (2.4.2)" ;; esac
 [ "$(id -u)" -eq 0 ] || die "run as root"
 [ -x "$cairn" ] || die "no cairn binary at $cairn (cargo build --release, or --cairn BIN)"
 
@@ -59,14 +77,43 @@ IFS=, read -r -a images <<<"$only"
 . "$here/lib/registry.sh"
 # shellcheck source-path=SCRIPTDIR source=lib/containerd2.sh
 . "$here/lib/containerd2.sh"
-bin=$CONTAINERD2_BIN
 py=/usr/bin/python3
-install_containerd2 || die "installing containerd $CONTAINERD2_VERSION failed"
+if [ "$ctd_version" = 2.4 ]; then
+  bin=$CONTAINERD2_BIN
+  install_containerd2 || die "installing containerd $CONTAINERD2_VERSION failed"
+else
+  bin=/usr/bin
+  [ -x /usr/bin/containerd ] || die "no /usr/bin/containerd (apt-get install containerd)"
+fi
 
+# The layers (pull-containerd.sh's cache): debian and python for both
+# images, the Linux tree for linux.
+blobs=$work/images/blobs
 for img in "${images[@]}"; do
-  [ -d "$work/registry/data/docker/registry/v2/repositories/bench/$img/_manifests/tags/gzip" ] ||
-    "$here/pull-containerd.sh" --prepare-only --only "$img" --compression gzip --work "$work"
+  case $img in
+    python)
+      [ -d "$work/registry/data/docker/registry/v2/repositories/bench/python/_manifests/tags/gzip" ] ||
+        "$here/pull-containerd.sh" --prepare-only --only python --compression gzip --work "$work"
+      ;;
+    linux)
+      { [ -f "$work/images/linux-tree.done" ] && [ -f "$blobs/debian.done" ]; } ||
+        "$here/pull-containerd.sh" --prepare-only --only linux,debian --compression gzip --work "$work"
+      ;;
+  esac
 done
+
+# The 1.6 client that pulls with the CRI's labels (remote and lazy paths).
+rpull=""
+if [ "$ctd_version" = 1.6 ]; then
+  gopath=/usr/share/gocode
+  [ -d "$gopath/src/github.com/containerd/containerd/pkg/snapshotters" ] ||
+    die "no containerd 1.6 sources in $gopath (apt-get install golang-github-containerd-containerd-dev)"
+  go=$(containerd2_go)
+  mkdir -p "$work/rpull"
+  rpull=$work/rpull/rpull
+  (cd "$repo/tests/containerd-rpull" && GO111MODULE=off GOPATH=$gopath GOFLAGS="" GOCACHE=$work/rpull/cache \
+    "$go" build -o "$rpull" .) || die "building tests/containerd-rpull"
+fi
 
 run_dir=$work/ctd-$(date +%s)-$$
 ctd_pid="" snap_pid="" sock=""
@@ -100,6 +147,12 @@ stop_all() {
     snap_pid=""
   fi
   umount_below "$run_dir"
+  # A lazy chain mount's server exits once its mount is gone (it removes
+  # its pid file under the store's lazy/ as it goes).
+  for _ in $(seq 100); do
+    compgen -G "$run_dir/*/store/lazy/*.pid" >/dev/null || break
+    sleep 0.1
+  done
 }
 cleanup() {
   stop_all
@@ -114,19 +167,38 @@ drop_caches() {
   echo 3 >/proc/sys/vm/drop_caches
 }
 
-# start D MODE: containerd 2.4.2 in D; MODE overlayfs, normal or remote
-# (the last two with `cairn snapshotter` on D/store).
+# start D MODE: containerd in D; MODE overlayfs, normal, remote or lazy
+# (the last three with `cairn snapshotter` on D/store).
 start() {
-  local d=$1 mode=$2
+  local d=$1 mode=$2 snap_args=()
   mkdir -p "$d"
   sock=$d/containerd.sock
+  case $mode in
+    remote) snap_args=(--no-lazy) ;;
+    lazy) snap_args=(--lazy-fetch on-demand) ;;
+  esac
   if [ "$mode" != overlayfs ]; then
-    CAIRN_LOG=info "$cairn" --root "$d/store" snapshotter --address "$d/cairn.sock" 2>"$d/snapshotter.log" &
+    CAIRN_LOG=info "$cairn" --root "$d/store" snapshotter --address "$d/cairn.sock" "${snap_args[@]}" 2>"$d/snapshotter.log" &
     snap_pid=$!
     for _ in $(seq 200); do [ -S "$d/cairn.sock" ] && break; sleep 0.05; done
     [ -S "$d/cairn.sock" ] || die "cairn snapshotter did not start ($d/snapshotter.log)"
   fi
-  cat >"$d/config.toml" <<EOF
+  if [ "$ctd_version" = 1.6 ]; then
+    cat >"$d/config.toml" <<EOF
+version = 2
+root = "$d/root"
+state = "$d/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$d/opt"
+[proxy_plugins.cairn]
+  type = "snapshot"
+  address = "$d/cairn.sock"
+EOF
+  else
+    cat >"$d/config.toml" <<EOF
 version = 3
 root = "$d/root"
 state = "$d/state"
@@ -138,7 +210,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
 [proxy_plugins.cairn]
   type = "snapshot"
   address = "$d/cairn.sock"
-$([ "$mode" = remote ] && printf '  [proxy_plugins.cairn.exports]\n    enable_remote_snapshot_annotations = "true"\n')
+$(case $mode in remote | lazy) printf '  [proxy_plugins.cairn.exports]\n    enable_remote_snapshot_annotations = "true"\n' ;; esac)
 [[plugins."io.containerd.transfer.v1.local".unpack_config]]
   platform = "linux/amd64"
   snapshotter = "overlayfs"
@@ -148,6 +220,7 @@ $([ "$mode" = remote ] && printf '  [proxy_plugins.cairn.exports]\n    enable_re
   snapshotter = "cairn"
   differ = "walking"
 EOF
+  fi
   CONTAINERD_DISABLE_PIGZ=1 PATH=$bin:$PATH "$bin/containerd" --config "$d/config.toml" >"$d/containerd.log" 2>&1 &
   ctd_pid=$!
   for _ in $(seq 200); do
@@ -158,25 +231,101 @@ EOF
 }
 sn_of() { if [ "$1" = overlayfs ]; then echo overlayfs; else echo cairn; fi; }
 ctr() { "$bin/ctr" -a "$sock" -n bench "$@"; }
+# pull MODE REF: containerd pulls (and unpacks) REF for MODE. containerd
+# 1.6's `ctr image pull` sets no CRI labels: the remote paths pull there
+# with the Go client that does.
+pull() {
+  if [ "$ctd_version" = 1.6 ] && { [ "$1" = remote ] || [ "$1" = lazy ]; }; then
+    "$rpull" "$sock" bench cairn "$2"
+  else
+    ctr image pull --plain-http --snapshotter "$(sn_of "$1")" "$2"
+  fi
+}
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+# Bytes the registry sent since access-log line $1 (response bodies).
+access_lines() { wc -l <"$work/registry/access.log"; }
+sent_since() {
+  sleep 0.2
+  tail -n +"$(($1 + 1))" "$work/registry/access.log" | awk '$10 ~ /^[0-9]+$/ { t += $10 } END { printf "%d", t }'
+}
 
 mkdir -p "$run_dir"
-samples=$run_dir/samples.tsv
+samples=$run_dir/samples.tsv cmds=$run_dir/cmd.tsv
 : >"$samples"
+: >"$cmds"
 cp "$cairn" "$run_dir/cairn.bin"
 cairn_given=$cairn cairn=$run_dir/cairn.bin
-registry_start "$work/registry"
+registry_start "$work/registry" accesslog
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 n=0
+epoch=1747699200
+layout=$run_dir/layout
+
+# ---------------------------------------------------------------- images
+# repo_of IMG: its repository (bench/linux is pull-containerd.sh's bare
+# Linux tree, which has no /bin/true: the linux image here is bench/linuxsrc).
+repo_of() { case "$1" in python) echo bench/python ;; linux) echo bench/linuxsrc ;; esac; }
+cmd_json() {
+  case "$1" in
+    python) echo '["python3", "-c", "import numpy"]' ;;
+    linux) echo '["sh", "-c", "ls -lR /usr/src/linux/kernel | wc -l; head -6 /usr/src/linux/Makefile"]' ;;
+  esac
+}
+cmd_lines() { "$py" -c 'import json, sys; print("\n".join(json.loads(sys.argv[1])))' "$(cmd_json "$1")"; }
+tag_exists() { [ -d "$work/registry/data/docker/registry/v2/repositories/$1/_manifests/tags/$2" ]; }
+skopeo_copy() { HOME=$run_dir skopeo copy -q --preserve-digests --src-tls-verify=false --dest-tls-verify=false "$@"; }
+
+# The linux image: debian + the Linux tree under usr/src/linux (gzip -6,
+# as bench/lazy.sh builds it).
+if [[ " ${images[*]} " == *" linux "* ]] && ! tag_exists bench/linuxsrc gzip; then
+  if [ ! -f "$blobs/linuxsrc.done" ]; then
+    say "linux image: $work/images/linux-tree under usr/src/linux (gzip -6, a few minutes)"
+    tar -C "$work/images/linux-tree" --sort=name --numeric-owner --format=pax \
+      --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+      --mtime=@"$epoch" --clamp-mtime --transform 's,^\./*,usr/src/linux/,' -cf "$blobs/linuxsrc.tar" .
+    echo "sha256:$(sha256sum "$blobs/linuxsrc.tar" | cut -d' ' -f1)" >"$blobs/linuxsrc.diffid"
+    gzip -n -6 -f "$blobs/linuxsrc.tar"
+    touch "$blobs/linuxsrc.done"
+  fi
+  gz=application/vnd.oci.image.layer.v1.tar+gzip
+  "$py" "$here/lib/oci_layout.py" "$work/images/layout" linuxsrc-gzip '["/bin/sh"]' \
+    "$blobs/debian.tar.gz:$(cat "$blobs/debian.diffid"):$gz" "$blobs/linuxsrc.tar.gz:$(cat "$blobs/linuxsrc.diffid"):$gz" >/dev/null
+  skopeo_copy "oci:$work/images/layout:linuxsrc-gzip" "docker://$registry/bench/linuxsrc:gzip"
+fi
+
+# The lazy images: IMG copied to IMG-lazy, with a cairn lazy artifact
+# (`cairn push`) whose prefetch list is what the image's command opened in
+# a first lazy run (recorded on a scratch copy, IMG-rec, with an artifact
+# without a list). Kept in the registry's storage for later runs.
+for img in "${images[@]}"; do
+  r=$(repo_of "$img")
+  tag_exists "$r-lazy" gzip-lazy && continue
+  say "$img: pushing its lazy artifact (and recording its prefetch list)"
+  seed=$run_dir/seed-$img rec=$run_dir/rec-$img list=$run_dir/$img.prefetch
+  skopeo_copy "docker://$registry/$r:gzip" "docker://$registry/$r-rec:gzip"
+  skopeo_copy "docker://$registry/$r:gzip" "docker://$registry/$r-lazy:gzip"
+  "$cairn" --root "$seed" -q pull "$registry/$r-rec:gzip"
+  "$cairn" --root "$seed" -q push "$registry/$r-rec:gzip" "$registry/$r-rec:gzip-lazy"
+  "$cairn" --root "$rec" -q pull --lazy "$registry/$r-rec:gzip"
+  mapfile -t cmd < <(cmd_lines "$img")
+  "$cairn" --root "$rec" -q run --lazy --lazy-fetch on-demand --fetch-timeout 10m --record-prefetch "$list" \
+    "$registry/$r-rec:gzip" "${cmd[@]}" >/dev/null </dev/null || die "$img: the recording run failed"
+  for _ in $(seq 200); do
+    compgen -G "$rec/lazy/*.pid" >/dev/null || break
+    sleep 0.1
+  done
+  [ -s "$list" ] || die "$img: no prefetch list recorded"
+  "$cairn" --root "$seed" -q pull "$registry/$r-lazy:gzip"
+  "$cairn" --root "$seed" -q push --prefetch "$list" "$registry/$r-lazy:gzip" "$registry/$r-lazy:gzip-lazy"
+  cp "$list" "$work/registry/$img.prefetch"
+  rm -rf "$seed" "$rec"
+done
 
 # ---------------------------------------------------------------- sharing
 # Three images: the python image's two layers re-tarred with mtimes
 # epoch+1..3 (so every layer blob and diff_id differs, the file contents
 # do not).
-epoch=1747699200
-blobs=$work/images/blobs
-layout=$run_dir/layout
 share_refs=()
 for v in 1 2 3; do
   specs=()
@@ -205,7 +354,7 @@ for mode in overlayfs normal remote; do
   sn=$(sn_of "$mode")
   start "$d" "$mode"
   for ref in "${share_refs[@]}"; do
-    ctr image pull --plain-http --snapshotter "$sn" "$ref" >"$d/pull.out" 2>&1 || die "pull $ref ($mode)"
+    pull "$mode" "$ref" >"$d/pull.out" 2>&1 || die "pull $ref ($mode)"
   done
   sync
   case $mode in
@@ -249,24 +398,50 @@ for mode in overlayfs normal remote; do
 done
 
 # ---------------------------------------------------------------- cold + warm
+# check_path D MODE: the pull took the path MODE names (the snapshotter's log).
+check_path() {
+  local k
+  case $2 in
+    remote)
+      k=$(grep -c "pulled by cairn" "$1/snapshotter.log" || true)
+      [ "$k" -ge 1 ] || die "remote: no layer went through the remote path ($1/snapshotter.log)"
+      ;;
+    lazy)
+      k=$(grep -c "pulled lazily by cairn" "$1/snapshotter.log" || true)
+      [ "$k" -ge 1 ] || die "lazy: no layer was pulled lazily ($1/snapshotter.log: $(grep -m1 'not lazily' "$1/snapshotter.log"))"
+      ;;
+  esac
+}
+# check_output IMG FILE: the command printed what the first sample printed.
+check_output() {
+  local want=$run_dir/$1.want
+  if [ ! -f "$want" ]; then
+    cp "$2" "$want"
+  elif ! cmp -s "$want" "$2"; then
+    die "$1: output differs from the first sample's: $(diff "$want" "$2" | head -5 | tr '\n' ' ')"
+  fi
+}
+modes=(overlayfs normal remote lazy)
 for img in "${images[@]}"; do
-  ref=$registry/bench/$img:gzip
+  mapfile -t cmd < <(cmd_lines "$img")
   for r in $(seq 1 "$runs"); do
-    for mode in overlayfs normal remote; do
+    for mode in "${modes[@]}"; do
+      ref=$registry/$(repo_of "$img"):gzip
+      [ "$mode" != lazy ] || ref=$registry/$(repo_of "$img")-lazy:gzip
+      sn=$(sn_of "$mode")
+      # Pull, /bin/true, warm starts.
       n=$((n + 1))
       d=$run_dir/$n-$mode
-      sn=$(sn_of "$mode")
       start "$d" "$mode"
       drop_caches
+      a0=$(access_lines)
       t0=$(now)
-      ctr image pull --plain-http --snapshotter "$sn" "$ref" >"$d/pull.out" 2>&1 || die "pull ($mode): $(tail -3 "$d/pull.out")"
+      pull "$mode" "$ref" >"$d/pull.out" 2>&1 || die "pull ($mode): $(tail -3 "$d/pull.out")"
       tp=$(since "$t0")
       ctr run --rm --snapshotter "$sn" "$ref" "c$n" /bin/true >"$d/run.out" 2>&1 || die "run ($mode): $(cat "$d/run.out")"
       tr=$(since "$t0")
-      if [ "$mode" = remote ]; then
-        k=$(grep -c "pulled by cairn" "$d/snapshotter.log" || true)
-        [ "$k" -ge 1 ] || die "remote: no layer went through the remote path ($d/snapshotter.log)"
-      fi
+      bytes=$(sent_since "$a0")
+      check_path "$d" "$mode"
       w=()
       for i in 1 2 3; do
         t1=$(now)
@@ -274,8 +449,25 @@ for img in "${images[@]}"; do
         w+=("$(since "$t1")")
       done
       warm=$(printf '%s\n' "${w[@]}" | sort -n | sed -n 2p)
-      printf '%s\t%s\t%s\t%s\t%s\n' "$img" "$mode" "$tp" "$tr" "$warm" >>"$samples"
-      say "$img run $r $mode: pull ${tp}s, pull+run ${tr}s, warm run ${warm}s"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$img" "$mode" "$tp" "$tr" "$warm" "$bytes" >>"$samples"
+      say "$img run $r $mode: pull ${tp}s, pull+run ${tr}s, warm run ${warm}s, ${bytes} bytes from the registry"
+      stop_all
+      rm -rf "$d"
+      # Pull and the image's command.
+      n=$((n + 1))
+      d=$run_dir/$n-$mode-cmd
+      start "$d" "$mode"
+      drop_caches
+      a0=$(access_lines)
+      t0=$(now)
+      pull "$mode" "$ref" >"$d/pull.out" 2>&1 || die "pull ($mode): $(tail -3 "$d/pull.out")"
+      ctr run --rm --snapshotter "$sn" "$ref" "x$n" "${cmd[@]}" >"$d/run.out" 2>"$d/run.err" || die "run ($mode): $(cat "$d/run.err")"
+      tc=$(since "$t0")
+      bytes=$(sent_since "$a0")
+      check_path "$d" "$mode"
+      check_output "$img" "$d/run.out"
+      printf '%s\t%s\t%s\t%s\n' "$img" "$mode" "$tc" "$bytes" >>"$cmds"
+      say "$img run $r $mode: pull + $(cmd_json "$img") ${tc}s, ${bytes} bytes from the registry"
       stop_all
       rm -rf "$d"
     done
@@ -286,9 +478,14 @@ done
   printf 'date\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
   printf 'host\t%s\n' "$(nproc) cores, kernel $(uname -r), $(findmnt -no FSTYPE -T "$work") under $work"
   printf 'load\t%s\n' "load average $load_before at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end (other work runs on this machine)"
+  printf 'containerd\t%s\n' "$("$bin/containerd" --version | awk '{ print $3 }')"
   printf 'versions\t%s\n' "containerd $("$bin/containerd" --version | awk '{ print $3 }'), runc $(runc --version | head -1 | awk '{ print $3 }'), cairn $("$cairn" --version | awk '{ print $2 }') ($cairn_given, $(git -C "$repo" log -1 --format=%h 2>/dev/null))"
   printf 'command\t%s\n' "bench/containerd.sh ${all_args[*]}"
   printf 'runs\t%s\n' "$runs"
+  for img in "${images[@]}"; do
+    printf 'cmd %s\t%s\n' "$img" "$(cmd_json "$img")"
+    printf 'prefetch %s\t%s\n' "$img" "$(wc -l <"$work/registry/$img.prefetch" 2>/dev/null || echo '?')"
+  done
 } >"$run_dir/meta.tsv"
 mkdir -p "$(dirname "$out")"
 "$py" "$here/lib/report_ctd_snapshotter.py" "$run_dir" "${out%.md}.png" | tee "$out"
