@@ -44,6 +44,9 @@ def main():
         v = (samples if table is None else table).get((img, mode))
         return statistics.median(x[k] for x in v) if v else None
 
+    def ratio(a, b):
+        return f"{a / b:.2f}" if a is not None and b else "–"
+
     ctd = meta.get("containerd", "2.4.2")
     out = [f"# containerd snapshotter: overlayfs against cairn (containerd {ctd})", ""]
     out.append(f"{meta['date']}; {meta['host']}.  ")
@@ -71,12 +74,12 @@ def main():
             p, r, w, b = (med(img, mode, k) for k in range(4))
             if p is None:
                 continue
-            out.append(f"| {label} | {p:.2f} s | {r:.2f} s | {r / base_run:.2f} | {b / 1e6:.1f} MB | "
-                       f"{w:.3f} s | {w / base_warm:.2f} |")
+            out.append(f"| {label} | {p:.2f} s | {r:.2f} s | {ratio(r, base_run)} | {b / 1e6:.1f} MB | "
+                       f"{w:.3f} s | {ratio(w, base_warm)} |")
         out.append("")
         cmd = meta.get(f"cmd {img}")
         base_cmd = med(img, "overlayfs", 0, cmds)
-        if cmd and base_cmd is not None:
+        if cmd and any((img, m) in cmds for m, _ in MODES):
             out.append(f"Cold pull and a first `ctr run --rm` of `{cmd}` (separate samples):")
             out.append("")
             out.append("| snapshotter | pull + command | × overlayfs | fetched |")
@@ -85,21 +88,21 @@ def main():
                 c, b = med(img, mode, 0, cmds), med(img, mode, 1, cmds)
                 if c is None:
                     continue
-                out.append(f"| {label} | {c:.2f} s | {c / base_cmd:.2f} | {b / 1e6:.1f} MB |")
+                out.append(f"| {label} | {c:.2f} s | {ratio(c, base_cmd)} | {b / 1e6:.1f} MB |")
             out.append("")
             pf = meta.get(f"prefetch {img}")
             if pf:
                 out.append(f"The lazy artifact's prefetch list: {pf} files.")
                 out.append("")
         r = med(img, "remote", 1)
-        if r is not None:
+        if r is not None and base_run:
             targets.append((f"{img}: remote path pull-to-running ≤ 0.4× overlayfs", r / base_run, 0.4))
         r = med(img, "lazy", 1)
-        if r is not None:
+        if r is not None and base_run:
             targets.append((f"{img}: remote lazy path pull-to-running ≤ 0.15× overlayfs", r / base_run, 0.15))
         for mode in ("normal", "remote", "lazy"):
             w = med(img, mode, 2)
-            if w is not None:
+            if w is not None and base_warm:
                 targets.append((f"{img}: warm start ({mode} path) ≤ 1.1× overlayfs", w / base_warm, 1.1))
     if share:
         out.append("## Three images sharing most files, ten containers reading the same files")
