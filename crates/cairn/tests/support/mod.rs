@@ -14,6 +14,7 @@ pub mod containerd;
 pub mod images;
 pub mod proxy;
 pub mod range_proxy;
+pub mod snapshotter;
 
 use std::ffi::OsStr;
 use std::fs;
