@@ -52,11 +52,8 @@ struct Machine {
 /// Where a cgroup2 group of our own can be made: the cgroup2 root on a
 /// pure cgroup2 host, `/sys/fs/cgroup/unified` on a hybrid one.
 fn cgroup2_root() -> (PathBuf, bool) {
-    let is_cg2 = |p: &str| {
-        rustix::fs::statfs(p).is_ok_and(
-            |s| s.f_type as i64 == 0x6367_7270, /* CGROUP2_SUPER_MAGIC */
-        )
-    };
+    // CGROUP2_SUPER_MAGIC (the field's type differs between libcs).
+    let is_cg2 = |p: &str| rustix::fs::statfs(p).is_ok_and(|s| s.f_type == 0x6367_7270);
     if is_cg2("/sys/fs/cgroup") {
         (PathBuf::from("/sys/fs/cgroup"), false)
     } else if is_cg2("/sys/fs/cgroup/unified") {
@@ -345,7 +342,9 @@ impl Drop for Machine {
 fn privileged_snapshotter_systemd_unit() {
     require_root();
     let started = Instant::now();
+    let phase = |what: &str| eprintln!("{:>6.1?} {what}", started.elapsed());
     let rpull = build_go("containerd-rpull", "rpull", false);
+    phase("rpull built");
     let reg = LocalRegistry::start();
     let direct = push_image(&reg);
     let upstream = direct.split('/').next().unwrap().to_owned();
@@ -355,6 +354,7 @@ fn privileged_snapshotter_systemd_unit() {
     let proxy_addr = proxy.addr.clone();
     let reference = format!("{proxy_addr}/{REPO}:{TAG}");
 
+    phase("image and lazy artifact pushed");
     let scratch = tempfile::Builder::new()
         .prefix("cairn-sd-")
         .tempdir_in("/var/tmp")
@@ -363,6 +363,7 @@ fn privileged_snapshotter_systemd_unit() {
     let store = d.join("store");
     let cairn = Path::new(cairn_bin());
     let machine = Machine::boot(d, &[cairn.parent().unwrap(), rpull.parent().unwrap()]);
+    phase("systemd booted");
     let m = &machine;
 
     // The shipped unit, unchanged; a drop-in sets the binary, the store,
@@ -398,6 +399,7 @@ fn privileged_snapshotter_systemd_unit() {
     let sock = m.path(SOCKET);
     wait_for("the snapshotter's socket", 30, || sock.exists());
 
+    phase("snapshotter unit started");
     // containerd 1.6 as a unit of its own, on its own root, with cairn as
     // a proxy snapshotter at the unit's socket.
     std::fs::write(
@@ -434,6 +436,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         m.ctr_out(&["version"]).status.success()
     });
 
+    phase("containerd up");
     // The lazy remote path: the CRI-label client pulls, the snapshotter
     // commits every layer from the lazy artifact.
     let sock = d.join("containerd.sock");
@@ -451,6 +454,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         m.journal(UNIT)
     );
 
+    phase("pulled");
     // ctr run: --cpu-shares 0, as the cpu controller may be on cgroup v1
     // (hybrid host) and so missing from the container's cgroup2 tree.
     let id = "long";
@@ -508,6 +512,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
             .any(|l| l.starts_with(id) && l.contains("RUNNING"))
     };
 
+    phase("container running");
     // systemctl restart: the lazy servers and the chain mount stay (same
     // PIDs, same mount), the container reads a file not fetched before.
     let main = m.main_pid();
@@ -526,6 +531,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         proxy.bytes_down() > fetched,
         "/usr/lib/new050.txt was not fetched after the restart"
     );
+    phase("restarted");
     // The restarted snapshotter adopts the chain: a new container works,
     // the chain is still mounted once.
     wait_for(
@@ -558,6 +564,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
     );
     assert_eq!(m.lazy_servers(), servers, "lazy servers after a new run");
 
+    phase("second container ran");
     // systemctl stop: the same.
     m.ok(&["systemctl", "stop", UNIT]);
     assert_eq!(m.lazy_servers(), servers, "lazy servers after the stop");
@@ -574,6 +581,19 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         "new060 not fetched after the stop"
     );
 
+    phase("stopped");
+    // What systemd says of the processes KillMode=process leaves.
+    for l in m
+        .out(&["journalctl", "--no-pager", "-o", "cat", "-u", UNIT])
+        .stdout
+        .split(|b| *b == b'\n')
+        .map(String::from_utf8_lossy)
+        .filter(|l| {
+            l.contains("left-over") || l.contains("remains running") || l.contains("KillMode")
+        })
+    {
+        eprintln!("systemd: {l}");
+    }
     // The contrast: systemd's default KillMode=control-group kills the
     // lazy server with the snapshotter, and the container's reads fail.
     m.ok(&["systemctl", "start", UNIT]);
@@ -593,6 +613,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         left.is_empty(),
         "with KillMode=control-group, the lazy servers {left:?} survived the restart"
     );
+    phase("restarted with KillMode=control-group");
     let o = cat(3, "/usr/lib/new070.txt");
     assert!(
         !o.status.success(),
@@ -606,6 +627,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
     );
 
     let _ = m.ctr_out(&["task", "kill", "-s", "SIGKILL", id]);
+    phase("powering off");
     drop(machine);
     // Nothing left: no mount under the scratch directory (everything was
     // mounted in the container's mount namespace), no cgroup.
