@@ -594,9 +594,34 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
     {
         eprintln!("systemd: {l}");
     }
+    // A crash: SIGKILL to the main process alone; Restart=always starts a
+    // new one (after RestartSec), and again the lazy servers stay.
+    m.ok(&["systemctl", "start", UNIT]);
+    let main = m.main_pid();
+    m.ok(&[
+        "systemctl",
+        "kill",
+        "--kill-whom=main",
+        "-s",
+        "SIGKILL",
+        UNIT,
+    ]);
+    wait_for("systemd restarting the killed snapshotter", 30, || {
+        let now = m.main_pid();
+        now != main && now != "0"
+    });
+    assert_eq!(m.lazy_servers(), servers, "lazy servers after a crash");
+    assert_eq!(
+        m.chain_mounts(&chains),
+        mounts,
+        "chain mounts after a crash"
+    );
+    assert!(running(), "the container stopped with the snapshotter");
+    cat_ok(3, 65);
+    phase("restarted by systemd after a SIGKILL");
+
     // The contrast: systemd's default KillMode=control-group kills the
     // lazy server with the snapshotter, and the container's reads fail.
-    m.ok(&["systemctl", "start", UNIT]);
     std::fs::write(
         dropins.join("killmode.conf"),
         "[Service]\nKillMode=control-group\n",
@@ -614,7 +639,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         "with KillMode=control-group, the lazy servers {left:?} survived the restart"
     );
     phase("restarted with KillMode=control-group");
-    let o = cat(3, "/usr/lib/new070.txt");
+    let o = cat(4, "/usr/lib/new070.txt");
     assert!(
         !o.status.success(),
         "with the lazy server killed, the container still read a file not fetched before: {}",
