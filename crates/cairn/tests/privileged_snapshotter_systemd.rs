@@ -142,7 +142,10 @@ impl Machine {
                 std::fs::File::options().append(true).open(&log).unwrap(),
             ))
             .spawn()
-            .expect("starting systemd-nspawn");
+            .unwrap_or_else(|e| {
+                let _ = std::fs::remove_dir(&cg);
+                panic!("starting systemd-nspawn: {e}")
+            });
         let mut m = Machine {
             nspawn,
             pid1: 0,
