@@ -510,6 +510,47 @@ fn prefetch_list_objects_come_with_the_lazy_pull() {
     let pulled = json(&c, &["pull", "--lazy", "--no-prefetch", &target]);
     assert_eq!(pulled["prefetched"], 0);
     assert!(objects(&c).is_empty());
+    // The listed objects are packed at zstd level 19 (they are on a lazy
+    // start's path), the others at 3: each frame is exactly what that
+    // level gives.
+    {
+        let payloads: Vec<String> = dump
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (f.len() > 8 && f[8].len() == 65 && f[8].as_bytes()[2] == b'/')
+                    .then(|| f[8].replace('/', ""))
+            })
+            .collect();
+        let store = cairn_store::Store::open(&c).unwrap();
+        let client = cairn_oci::ClientOptions {
+            auth_files: Vec::new(),
+            ..cairn_oci::ClientOptions::default()
+        };
+        let digest = pulled["image_digest"].as_str().unwrap();
+        let remote = cairn_remote::RemoteObjects::open(&store, digest, &client).unwrap();
+        let mut others = 0;
+        for (i, hex) in payloads.iter().enumerate() {
+            let id = cairn_store::ObjectId::from_hex(hex).unwrap();
+            let e = remote.entry(&id).unwrap();
+            if e.is_chunked() {
+                continue;
+            }
+            let listed = i < 3;
+            if !listed && (payloads[..3].contains(hex) || others >= 5) {
+                continue;
+            }
+            others += usize::from(!listed);
+            let data = std::fs::read(a.join("objects").join(&hex[..2]).join(&hex[2..])).unwrap();
+            let level = if listed { 19 } else { 3 };
+            assert_eq!(
+                e.frames[0].compressed,
+                zstd::bulk::compress(&data, level).unwrap().len() as u64,
+                "object {hex} (listed: {listed}) is not packed at level {level}"
+            );
+        }
+        assert!(others > 0);
+    }
     // A path that is not in the image is refused by push.
     std::fs::write(&list, "/no/such/file\n").unwrap();
     let out = cairn_out(
