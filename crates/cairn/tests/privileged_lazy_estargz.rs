@@ -415,6 +415,33 @@ fn privileged_lazy_estargz_run_prints_what_a_full_run_prints() {
     let names = std::fs::read_to_string(names.path()).unwrap();
     assert_eq!(names.lines().count(), 3, "{names}");
     assert_fsck_clean(&lazy, "after a lazy run of an eStargz image");
+    // `cairn images` and `cairn df` count them as local, through the
+    // lazy-names map (the image names them by sha256).
+    let rows: serde_json::Value =
+        serde_json::from_str(&cairn_ok(&lazy, &["--json", "images"])).unwrap();
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| !r["incomplete"].is_null())
+        .unwrap_or_else(|| panic!("no incomplete image: {rows:#}"));
+    let local = &row["incomplete"];
+    assert_eq!(local["objects_local"], 3, "{row:#}");
+    let stored: u64 = std::fs::read_dir(lazy.join("objects"))
+        .unwrap()
+        .flatten()
+        .flat_map(|f| std::fs::read_dir(f.path()).unwrap().flatten())
+        .map(|o| o.metadata().unwrap().len())
+        .sum();
+    assert_eq!(local["bytes_local"], stored, "{row:#}");
+    let df: serde_json::Value = serde_json::from_str(&cairn_ok(&lazy, &["--json", "df"])).unwrap();
+    assert_eq!(df["incomplete"][0]["objects_local"], 3, "{df:#}");
+    assert_eq!(df["incomplete"][0]["bytes_local"], stored, "{df:#}");
+    let table = cairn_ok(&lazy, &["images"]);
+    assert!(
+        table.contains(&format!("3/{} objects", local["objects"])),
+        "{table}"
+    );
     // Only the TOCs and what was read came over the wire (the layers
     // hold 5 MiB of incompressible data, busybox about 1 MiB more).
     let moved = proxy.bytes_down();
