@@ -570,6 +570,57 @@ fn prefetch_list_objects_come_with_the_lazy_pull() {
     );
 }
 
+/// A chunked object wanted whole (`cairn fetch`, a prefetch list) comes in
+/// one request a run of chunks that lie end to end in a pack (up to
+/// `CHUNK_RUN`), not one a chunk; each chunk is still checked.
+#[test]
+fn a_chunked_object_comes_in_one_request_a_run() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    // Packs of 3 MB: /bin/tool (1.5 MB, two chunks) sits whole in pack 0.
+    published(&reg, &a, "3M");
+    let upstream = reg.addr.clone();
+    let fake = FakeServer::start(move |req| forward(&upstream, req, false));
+    let via = format!("{}/lazy/set:full", fake.addr);
+    let pulled = json(&b, &["pull", "--lazy", &via]);
+    let digest = pulled["image_digest"].as_str().unwrap();
+    let store = cairn_store::Store::open(&b).unwrap();
+    let client = cairn_oci::ClientOptions {
+        auth_files: Vec::new(),
+        ..cairn_oci::ClientOptions::default()
+    };
+    let remote = cairn_remote::RemoteObjects::open(&store, digest, &client).unwrap();
+    let chunked: Vec<_> = remote
+        .index()
+        .entries()
+        .filter(|e| e.is_chunked())
+        .collect();
+    assert!(!chunked.is_empty());
+    let mut runs = 0;
+    for e in &chunked {
+        let before = fake.count(|r| r.header("Range").is_some());
+        let mut out = Vec::new();
+        assert_eq!(remote.fetch(&e.id, &mut out).unwrap(), e.size);
+        assert_eq!(cairn_store::fsverity_digest(&out[..]).unwrap(), e.id);
+        let n = cairn_remote::fetch::chunk_runs(&e.frames).len();
+        assert_eq!(fake.count(|r| r.header("Range").is_some()) - before, n);
+        if e.frames.iter().all(|f| f.pack == e.frames[0].pack) {
+            assert_eq!(n, 1, "{:?}", e.frames);
+        }
+        runs += n;
+    }
+    assert!(
+        runs < chunked.iter().map(|e| e.frames.len()).sum(),
+        "no run"
+    );
+    // `cairn fetch` counts (and makes) the same requests for them.
+    let fetched = json(&b, &["fetch", &via]);
+    assert_eq!(fetched["fetched_objects"], pulled["objects"], "{fetched:#}");
+    assert_fsck_clean(&b, "after a fetch with runs of chunks");
+}
+
 /// `RemoteObjects::publish_with_neighbours`: the object asked for and the
 /// ones after it in its pack come in one range request, each verified.
 #[test]
