@@ -1002,10 +1002,25 @@ fn background(
         return;
     }
     if let Remote::Estargz(_) = source.remote {
-        eprintln!(
-            "cairn lazy layer for image {digest}: every file is local; `cairn fetch` completes \
-             the image"
-        );
+        // Its image names files by sha256: written again with the stored
+        // objects' names, as another image that the names move to.
+        let done = store
+            .lock_shared()
+            .map_err(cairn_remote::RemoteError::from)
+            .and_then(|_lock| cairn_remote::estargz_fetch::complete_from_local(store, digest));
+        match done {
+            Ok(Some(complete)) => eprintln!(
+                "cairn lazy layer for image {digest}: every file is local; the image is complete \
+                 as {complete}"
+            ),
+            Ok(None) => eprintln!(
+                "cairn lazy layer for image {digest}: a file is not local after all; the image \
+                 stays incomplete"
+            ),
+            Err(e) => {
+                eprintln!("cairn lazy layer for image {digest}: marking the image complete: {e}")
+            }
+        }
         return;
     }
     // Every object is local: `cairn fetch` finds nothing to fetch, checks

@@ -537,9 +537,16 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
     }
     let verity = store.decide_verity(&digest, args.verity, lazy.is_some())?;
     tracing::debug!(%verity, "overlay fs-verity");
+    // A lazy mount reads the files the store has from it directly, and
+    // only the missing ones through its lazy layer; except while recording
+    // a prefetch list, which must name every file opened.
+    let store_objects = store.objects_dir();
+    let local_objects = (lazy.is_some() && args.lazy_args.record_prefetch.is_none())
+        .then_some(store_objects.as_path());
     let opts = cairn_mount::MountOptions {
         image: &image,
         objects: &objects,
+        local_objects,
         target: &args.mountpoint,
         upper: args.upper.clone(),
         idmap: args.idmap,

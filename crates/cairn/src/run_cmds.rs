@@ -454,6 +454,7 @@ fn spec_of(args: &RunArgs) -> Result<RunSpec> {
         detach: args.detach,
         remove: args.rm,
         data_layer: None,
+        local_first: false,
         verity: args.verity,
     })
 }
@@ -499,6 +500,10 @@ fn lazy_layer(
         &args.lazy_args,
     )?;
     spec.data_layer = Some(layer.path().to_path_buf());
+    // The store's objects before the lazy layer, except while recording a
+    // prefetch list: the list must name every file opened, and the lazy
+    // server sees only the opens of files the store lacks.
+    spec.local_first = args.lazy_args.record_prefetch.is_none();
     Ok(Some(layer))
 }
 

@@ -435,7 +435,10 @@ fn inspect(g: &Global, arg: &str) -> Result<()> {
     let (mut names, mut mounted_on, mut record, mut record_error) = (vec![], vec![], None, None);
     let (mut object_bytes, mut missing) = (0, 0);
     if let Some(store) = &store {
+        // An incomplete eStargz image's files are stored under other names.
+        let stored_as = store.lazy_names(&digest);
         for id in contents.objects.keys() {
+            let id = stored_as.get(id).unwrap_or(id);
             match std::fs::symlink_metadata(store.object_path(id)) {
                 Ok(m) => object_bytes += m.len(),
                 Err(_) => missing += 1,

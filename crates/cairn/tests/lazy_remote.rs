@@ -510,6 +510,47 @@ fn prefetch_list_objects_come_with_the_lazy_pull() {
     let pulled = json(&c, &["pull", "--lazy", "--no-prefetch", &target]);
     assert_eq!(pulled["prefetched"], 0);
     assert!(objects(&c).is_empty());
+    // The listed objects are packed at zstd level 19 (they are on a lazy
+    // start's path), the others at 3: each frame is exactly what that
+    // level gives.
+    {
+        let payloads: Vec<String> = dump
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (f.len() > 8 && f[8].len() == 65 && f[8].as_bytes()[2] == b'/')
+                    .then(|| f[8].replace('/', ""))
+            })
+            .collect();
+        let store = cairn_store::Store::open(&c).unwrap();
+        let client = cairn_oci::ClientOptions {
+            auth_files: Vec::new(),
+            ..cairn_oci::ClientOptions::default()
+        };
+        let digest = pulled["image_digest"].as_str().unwrap();
+        let remote = cairn_remote::RemoteObjects::open(&store, digest, &client).unwrap();
+        let mut others = 0;
+        for (i, hex) in payloads.iter().enumerate() {
+            let id = cairn_store::ObjectId::from_hex(hex).unwrap();
+            let e = remote.entry(&id).unwrap();
+            if e.is_chunked() {
+                continue;
+            }
+            let listed = i < 3;
+            if !listed && (payloads[..3].contains(hex) || others >= 5) {
+                continue;
+            }
+            others += usize::from(!listed);
+            let data = std::fs::read(a.join("objects").join(&hex[..2]).join(&hex[2..])).unwrap();
+            let level = if listed { 19 } else { 3 };
+            assert_eq!(
+                e.frames[0].compressed,
+                zstd::bulk::compress(&data, level).unwrap().len() as u64,
+                "object {hex} (listed: {listed}) is not packed at level {level}"
+            );
+        }
+        assert!(others > 0);
+    }
     // A path that is not in the image is refused by push.
     std::fs::write(&list, "/no/such/file\n").unwrap();
     let out = cairn_out(
@@ -527,6 +568,57 @@ fn prefetch_list_objects_come_with_the_lazy_pull() {
         !out.status.success() && err.contains("/no/such/file"),
         "{err}"
     );
+}
+
+/// A chunked object wanted whole (`cairn fetch`, a prefetch list) comes in
+/// one request a run of chunks that lie end to end in a pack (up to
+/// `CHUNK_RUN`), not one a chunk; each chunk is still checked.
+#[test]
+fn a_chunked_object_comes_in_one_request_a_run() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    // Packs of 3 MB: /bin/tool (1.5 MB, two chunks) sits whole in pack 0.
+    published(&reg, &a, "3M");
+    let upstream = reg.addr.clone();
+    let fake = FakeServer::start(move |req| forward(&upstream, req, false));
+    let via = format!("{}/lazy/set:full", fake.addr);
+    let pulled = json(&b, &["pull", "--lazy", &via]);
+    let digest = pulled["image_digest"].as_str().unwrap();
+    let store = cairn_store::Store::open(&b).unwrap();
+    let client = cairn_oci::ClientOptions {
+        auth_files: Vec::new(),
+        ..cairn_oci::ClientOptions::default()
+    };
+    let remote = cairn_remote::RemoteObjects::open(&store, digest, &client).unwrap();
+    let chunked: Vec<_> = remote
+        .index()
+        .entries()
+        .filter(|e| e.is_chunked())
+        .collect();
+    assert!(!chunked.is_empty());
+    let mut runs = 0;
+    for e in &chunked {
+        let before = fake.count(|r| r.header("Range").is_some());
+        let mut out = Vec::new();
+        assert_eq!(remote.fetch(&e.id, &mut out).unwrap(), e.size);
+        assert_eq!(cairn_store::fsverity_digest(&out[..]).unwrap(), e.id);
+        let n = cairn_remote::fetch::chunk_runs(&e.frames).len();
+        assert_eq!(fake.count(|r| r.header("Range").is_some()) - before, n);
+        if e.frames.iter().all(|f| f.pack == e.frames[0].pack) {
+            assert_eq!(n, 1, "{:?}", e.frames);
+        }
+        runs += n;
+    }
+    assert!(
+        runs < chunked.iter().map(|e| e.frames.len()).sum(),
+        "no run"
+    );
+    // `cairn fetch` counts (and makes) the same requests for them.
+    let fetched = json(&b, &["fetch", &via]);
+    assert_eq!(fetched["fetched_objects"], pulled["objects"], "{fetched:#}");
+    assert_fsck_clean(&b, "after a fetch with runs of chunks");
 }
 
 /// `RemoteObjects::publish_with_neighbours`: the object asked for and the

@@ -142,6 +142,14 @@ fn privileged_lazy_estargz_pull_builds_the_tree_of_a_full_pull_from_the_tocs() {
     let via_ranges = esgz.replacen(&reg.addr, &ranges.addr, 1);
     cairn_ok(&bg, &["pull", "-q", "--lazy", &via_ranges]);
     let before = ranges.blob_ranges().len();
+    // (Read now: the lazy image and its TOCs go once it is complete.)
+    let offsets = toc_offsets(&bg);
+    let lazy_digest = serde_json::from_str::<serde_json::Value>(&cairn_ok(
+        &bg,
+        &["--json", "inspect", &via_ranges],
+    ))
+    .unwrap()["digest"]
+        .clone();
     let target = dir.path().join("mnt");
     std::fs::create_dir_all(&target).unwrap();
     cairn_ok(
@@ -164,6 +172,20 @@ fn privileged_lazy_estargz_pull_builds_the_tree_of_a_full_pull_from_the_tocs() {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    // Then the layer completes the image (below): the name moves.
+    while serde_json::from_str::<serde_json::Value>(&cairn_ok(
+        &bg,
+        &["--json", "inspect", &via_ranges],
+    ))
+    .unwrap()["digest"]
+        == lazy_digest
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the image is still incomplete with every file stored"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let out = cairn_out(&bg, &["umount", target.to_str().unwrap()]);
     assert!(
         out.status.success(),
@@ -172,12 +194,29 @@ fn privileged_lazy_estargz_pull_builds_the_tree_of_a_full_pull_from_the_tocs() {
     );
     wait_for_servers_gone(&bg);
     assert_fsck_clean(&bg, "after the background fetch");
-    // gc keeps what the lazy layer stored (images/<digest>.lazy-names).
+    // With every file stored the layer completed the image from them, as
+    // another image (files backed by fs-verity names) that the name moved
+    // to: the tree of a full pull, mounted without --lazy.
+    let inspect: serde_json::Value =
+        serde_json::from_str(&cairn_ok(&bg, &["--json", "inspect", &via_ranges])).unwrap();
+    assert!(inspect["record"]["lazy"].is_null(), "{inspect:#}");
+    assert_eq!(inspect["missing_objects"], 0, "{inspect:#}");
+    assert_eq!(
+        shape(&cairn_ok(&bg, &["dump", &via_ranges])),
+        shape(&full_dump)
+    );
+    cairn_ok(&bg, &["mount", &via_ranges, target.to_str().unwrap()]);
+    let msg = std::fs::read(target.join("etc/msg"));
+    cairn_ok(&bg, &["umount", target.to_str().unwrap()]);
+    assert_eq!(msg.unwrap().len(), 34);
+    // gc keeps what the lazy layer stored (now the complete image's) and
+    // removes the lazy image, nameless and no longer mounted.
     cairn_ok(&bg, &["gc"]);
     assert_eq!(objects_in(&bg), files, "gc removed stored files");
+    let table = cairn_ok(&bg, &["images"]);
+    assert!(!table.contains("(incomplete)"), "{table}");
     // Two fetches at a time: the first two requests are busybox's and
     // /etc/msg's chunks (the TOCs say where their members start).
-    let offsets = toc_offsets(&bg);
     let first: std::collections::BTreeSet<u64> = ranges.blob_ranges()[before..]
         .iter()
         .take(2)
@@ -302,6 +341,33 @@ fn privileged_lazy_estargz_run_prints_what_a_full_run_prints() {
     let names = std::fs::read_to_string(names.path()).unwrap();
     assert_eq!(names.lines().count(), 3, "{names}");
     assert_fsck_clean(&lazy, "after a lazy run of an eStargz image");
+    // `cairn images` and `cairn df` count them as local, through the
+    // lazy-names map (the image names them by sha256).
+    let rows: serde_json::Value =
+        serde_json::from_str(&cairn_ok(&lazy, &["--json", "images"])).unwrap();
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| !r["incomplete"].is_null())
+        .unwrap_or_else(|| panic!("no incomplete image: {rows:#}"));
+    let local = &row["incomplete"];
+    assert_eq!(local["objects_local"], 3, "{row:#}");
+    let stored: u64 = std::fs::read_dir(lazy.join("objects"))
+        .unwrap()
+        .flatten()
+        .flat_map(|f| std::fs::read_dir(f.path()).unwrap().flatten())
+        .map(|o| o.metadata().unwrap().len())
+        .sum();
+    assert_eq!(local["bytes_local"], stored, "{row:#}");
+    let df: serde_json::Value = serde_json::from_str(&cairn_ok(&lazy, &["--json", "df"])).unwrap();
+    assert_eq!(df["incomplete"][0]["objects_local"], 3, "{df:#}");
+    assert_eq!(df["incomplete"][0]["bytes_local"], stored, "{df:#}");
+    let table = cairn_ok(&lazy, &["images"]);
+    assert!(
+        table.contains(&format!("3/{} objects", local["objects"])),
+        "{table}"
+    );
     // Only the TOCs and what was read came over the wire (the layers
     // hold 5 MiB of incompressible data, busybox about 1 MiB more).
     let moved = proxy.bytes_down();

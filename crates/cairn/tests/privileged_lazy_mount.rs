@@ -1097,3 +1097,108 @@ fn privileged_lazy_server_crash_loop_backs_off_and_gives_up() {
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
     drop(lazy);
 }
+
+/// Sends SIGCONT to its processes when dropped: a failed assertion does
+/// not leave a lazy server stopped under a mount.
+struct Stopped(Vec<i32>);
+
+impl Stopped {
+    fn stop(pids: Vec<i32>) -> Stopped {
+        for &p in &pids {
+            rustix::process::kill_process(
+                rustix::process::Pid::from_raw(p).expect("a pid"),
+                rustix::process::Signal::STOP,
+            )
+            .unwrap_or_else(|e| panic!("SIGSTOP {p}: {e}"));
+        }
+        Stopped(pids)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(p).expect("a pid"),
+                rustix::process::Signal::CONT,
+            );
+        }
+    }
+}
+
+/// Reads `path` on a thread of its own; the answer comes on the channel.
+fn read_on_a_thread(path: PathBuf) -> std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(fs::read(&path));
+    });
+    rx
+}
+
+/// A file the store already has is read from the store by the kernel
+/// alone: the store's objects/ is the first data-only layer of a lazy
+/// mount and the lazy layer the second. With the lazy server stopped
+/// (SIGSTOP, so it answers nothing), a fresh mount still reads a file an
+/// earlier mount fetched, at once; an open of a missing file waits for the
+/// server and completes once it runs again.
+#[test]
+fn privileged_lazy_mount_reads_local_files_without_its_server() {
+    use support::images::text;
+    require_root();
+    let reg = LocalRegistry::start();
+    let l = lazy_setup(&reg, "lazy/local-first", None);
+    let (local, missing) = ("data/read-me.txt", "data/unread-05.txt");
+    {
+        // Alone (no neighbours), so that `missing` stays missing.
+        let m = lazy_mount(
+            &l,
+            "first",
+            &["--lazy-fetch", "on-demand", "--coalesce", "0"],
+        );
+        assert_eq!(fs::read(m.target.join(local)).unwrap(), text(5_000, 1));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !lazy_servers(&l.b).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first mount's server is still running: {:?}",
+            lazy_servers(&l.b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    let m = lazy_mount(
+        &l,
+        "second",
+        &["--lazy-fetch", "on-demand", "--coalesce", "0"],
+    );
+    let server = wait_for_server(&l.b, "serving", |_| true);
+    let pids: Vec<i32> = ["supervisor", "worker"]
+        .iter()
+        .map(|k| {
+            server[k]
+                .as_i64()
+                .unwrap_or_else(|| panic!("no {k}: {server}")) as i32
+        })
+        .collect();
+    let stopped = Stopped::stop(pids);
+    let from_store = read_on_a_thread(m.target.join(local));
+    let got = from_store.recv_timeout(std::time::Duration::from_secs(10));
+    let through_server = read_on_a_thread(m.target.join(missing));
+    let early = through_server.recv_timeout(std::time::Duration::from_millis(1500));
+    drop(stopped);
+    match got {
+        Ok(r) => assert_eq!(r.unwrap(), text(5_000, 1), "{local}"),
+        Err(_) => panic!("{local}, already in the store, waited for the stopped lazy server"),
+    }
+    assert!(
+        early.is_err(),
+        "{missing}, not in the store, was read while its lazy server was stopped: {early:?}"
+    );
+    let late = through_server
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the missing file once the server runs again");
+    assert_eq!(late.unwrap(), text(2_005, 105), "{missing}");
+    drop(m);
+    support::assert_fsck_clean(&l.b, "after reads from the store and the lazy layer");
+}

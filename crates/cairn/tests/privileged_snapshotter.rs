@@ -20,25 +20,6 @@ const SKIPPED_BY_THE_SUITE: &[(&str, &str)] = &[(
     "containerd's suite skips it on every snapshotter: \"rename test still fails on some kernels with overlay\"",
 )];
 
-fn go_bin() -> PathBuf {
-    for p in ["/usr/local/go/bin/go", "/usr/lib/go/bin/go", "/usr/bin/go"] {
-        if Path::new(p).exists() {
-            return PathBuf::from(p);
-        }
-    }
-    panic!(
-        "no Go toolchain (/usr/local/go/bin/go or Debian's golang-go): setup.sh installs golang-go"
-    );
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .unwrap()
-        .to_path_buf()
-}
-
 /// Where `setup.sh` (and bench/pull-containerd.sh) install containerd
 /// 2.4.2's `containerd`, `ctr` and `containerd-shim-runc-v2` (`go install`).
 const CONTAINERD2_BIN: &str = "/usr/local/lib/cairn-bench/bin";
@@ -123,49 +104,6 @@ fn build_go_module(pkg: &str, name: &str, test: bool) -> PathBuf {
     assert!(
         o.status.success(),
         "building {}/{pkg} (setup.sh downloads its modules): {}{}",
-        src.display(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    bin
-}
-
-/// Builds `tests/<dir>` (a test binary if `test`) in GOPATH mode against
-/// Debian's containerd sources; returns the binary's path.
-fn build_go(dir: &str, name: &str, test: bool) -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir);
-    std::fs::create_dir_all(&out).unwrap();
-    let bin = out.join(name);
-    let src = workspace_root().join("tests").join(dir);
-    let gopath = "/usr/share/gocode";
-    assert!(
-        Path::new(gopath)
-            .join("src/github.com/containerd/containerd/snapshots/testsuite")
-            .exists(),
-        "{gopath} has no containerd testsuite: setup.sh installs golang-github-containerd-containerd-dev"
-    );
-    let o = Command::new(go_bin())
-        .args(
-            if test {
-                ["test", "-c", "-o"]
-            } else {
-                ["build", "-o", ""]
-            }
-            .into_iter()
-            .filter(|a| !a.is_empty()),
-        )
-        .arg(&bin)
-        .arg(".")
-        .current_dir(&src)
-        .env("GO111MODULE", "off")
-        .env("GOPATH", gopath)
-        .env("GOCACHE", out.join("cache"))
-        .env("GOFLAGS", "")
-        .output()
-        .expect("running go");
-    assert!(
-        o.status.success(),
-        "building {}: {}{}",
         src.display(),
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
@@ -295,87 +233,11 @@ mod support;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use support::images::{ImageSet, Tar};
 use support::registry::LocalRegistry;
-
-const REPO: &str = "snaptest/img";
-const TAG: &str = "1";
-const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-
-fn sha256_hex(d: &[u8]) -> String {
-    use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(d)))
-}
-
-/// Pushes an image of four layers (files, symlinks, hardlinks, whiteouts,
-/// an opaque directory; mostly the test set's) and a fifth with busybox,
-/// so that it can run; returns its reference.
-fn push_image(reg: &LocalRegistry) -> String {
-    let set = ImageSet::get();
-    let layer = |name: &str| {
-        let l = set.layers.iter().find(|l| l.name == name).unwrap();
-        (l.blob.clone(), l.digest.clone(), l.diff_id.clone())
-    };
-    let gzip = |tar: Vec<u8>| {
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        std::io::Write::write_all(&mut gz, &tar).unwrap();
-        let blob = gz.finish().unwrap();
-        let (d, di) = (sha256_hex(&blob), sha256_hex(&tar));
-        (blob, d, di)
-    };
-    // The test set's "edits" layer without its hard link to a file of a
-    // lower layer, which containerd's overlayfs applier cannot make.
-    let mut t = Tar::default();
-    t.dir("etc")
-        .whiteout("etc", "gone-later")
-        .file("etc/hostname", b"edited\n")
-        .dir("usr/lib")
-        .opaque("usr/lib");
-    for i in 0..100u64 {
-        t.file(
-            &format!("usr/lib/new{i:03}.txt"),
-            &support::images::text(500 + i as usize, 20_000 + i),
-        );
-    }
-    t.dir("bin")
-        .file_mode("bin/sh", b"#!/bin/tool\n", 0o755)
-        .hardlink("bin/sh-again", "bin/sh")
-        .dir("opt")
-        .file("opt/data", &support::images::random_bytes(800_000, 4));
-    let edits = gzip(t.finish());
-    let mut blobs = vec![layer("base"), layer("many"), edits, layer("top")];
-    let mut t = Tar::default();
-    t.dir("busybox").file_mode(
-        "busybox/busybox",
-        &std::fs::read("/bin/busybox").expect("/bin/busybox (busybox-static)"),
-        0o755,
-    );
-    t.dir("tmp");
-    blobs.push(gzip(t.finish()));
-    for (b, d, _) in &blobs {
-        assert_eq!(&reg.push_blob(REPO, b), d);
-    }
-    let config = serde_json::to_vec(&serde_json::json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Env": ["PATH=/busybox"]},
-        "rootfs": {"type": "layers", "diff_ids": blobs.iter().map(|b| b.2.clone()).collect::<Vec<_>>()},
-    }))
-    .unwrap();
-    let cd = reg.push_blob(REPO, &config);
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": OCI_CONFIG, "digest": cd, "size": config.len()},
-        "layers": blobs.iter().map(|(b, d, _)| serde_json::json!({
-            "mediaType": LAYER_GZIP, "digest": d, "size": b.len()})).collect::<Vec<_>>(),
-    }))
-    .unwrap();
-    reg.push_manifest(REPO, TAG, OCI_MANIFEST, &manifest);
-    reg.reference(&format!("{REPO}:{TAG}"))
-}
+use support::snapshotter::{
+    build_go, cairn_ok_at, go_bin, manifest_at, manifest_of, push_image, push_lazy_artifact,
+    workspace_root, OCI_MANIFEST, REPO, TAG,
+};
 
 /// containerd and `cairn snapshotter`, on their own root, state and
 /// sockets under one temporary directory; stopped, and everything they
@@ -801,22 +663,6 @@ fn ctr_pull_and_run(v: Ctd) {
     );
 }
 
-fn cairn_ok_at(store: &Path, args: &[&str]) {
-    let o = Command::new(cairn_bin())
-        .arg("--root")
-        .arg(store)
-        .args(args)
-        .env_remove("CAIRN_ROOT")
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "cairn {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
 /// Restart safety: a container started with cairn keeps running, its root
 /// filesystem readable, while the snapshotter is killed (SIGKILL) and
 /// restarted on the same store; afterwards a new container runs.
@@ -1192,66 +1038,6 @@ fn remote_pull(v: Ctd) {
 // The lazy remote path: the image has a cairn lazy artifact (`cairn
 // push`), and the remote path pulls only its metadata.
 // ---------------------------------------------------------------------
-
-/// The manifest `tag` of the test repository, read from the registry at
-/// `upstream` directly (not through a counting proxy).
-fn manifest_at(upstream: &str, tag: &str) -> serde_json::Value {
-    manifest_of(upstream, REPO, tag)
-}
-
-/// The manifest `repo:tag`, read from the registry at `upstream` directly.
-fn manifest_of(upstream: &str, repo: &str, tag: &str) -> serde_json::Value {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(upstream).unwrap();
-    write!(
-        c,
-        "GET /v2/{repo}/manifests/{tag} HTTP/1.0\r\nHost: {upstream}\r\nAccept: {OCI_MANIFEST}\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = Vec::new();
-    c.read_to_end(&mut resp).unwrap();
-    let body = resp.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-    serde_json::from_slice(&resp[body..]).expect("a manifest")
-}
-
-/// Pushes the test image's cairn lazy artifact (pulled into a scratch
-/// store, then `cairn push`ed next to it); returns the artifact's pack
-/// digests and its EROFS blob's.
-fn push_lazy_artifact(direct: &str, upstream: &str) -> (BTreeSet<String>, String) {
-    let scratch = tempfile::Builder::new()
-        .prefix("cairn-lazy-src-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    cairn_ok_at(scratch.path(), &["pull", "-q", direct]);
-    cairn_ok_at(
-        scratch.path(),
-        &[
-            "push",
-            "-q",
-            direct,
-            &format!("{upstream}/{REPO}:{TAG}-lazy"),
-            "--pack-size",
-            "1M",
-        ],
-    );
-    let artifact = manifest_at(upstream, &format!("{TAG}-lazy"));
-    let packs: BTreeSet<String> = artifact["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.pack")
-        .map(|l| l["digest"].as_str().unwrap().to_owned())
-        .collect();
-    assert!(!packs.is_empty(), "{artifact}");
-    let erofs = artifact["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.erofs+zstd")
-        .map(|l| l["digest"].as_str().unwrap().to_owned())
-        .unwrap_or_else(|| panic!("no EROFS blob in {artifact}"));
-    (packs, erofs)
-}
 
 /// The lazy remote path, and a restart of the snapshotter under a
 /// container whose rootfs stands on a lazy chain mount: containerd pulls

@@ -150,6 +150,7 @@ impl Fixture {
         mount_image(&MountOptions {
             image,
             objects: &self.lazy,
+            local_objects: None,
             target: &self.target,
             upper,
             idmap,

@@ -199,6 +199,7 @@ fn privileged_fuse_chunked_reads() {
         mount_image(&MountOptions {
             image: &image,
             objects: &lazy,
+            local_objects: None,
             target: &target,
             upper: UpperSpec::None,
             idmap: None,

@@ -129,8 +129,19 @@ pub const STACK_FEATURES: [Feature; 4] = [
 pub struct MountOptions<'a> {
     /// The EROFS metadata image file.
     pub image: &'a Path,
-    /// The store's `objects/` directory (the data-only layer).
+    /// The store's `objects/` directory (the data-only layer), or for a
+    /// lazy mount the lazy server's FUSE layer that stands for it.
     pub objects: &'a Path,
+    /// A data-only layer searched before `objects`: for a lazy mount, the
+    /// store's own `objects/`. overlayfs looks a file's data up in the
+    /// data-only layers in order and takes the first that has it, so a
+    /// file already in the store is read from it by the kernel alone (no
+    /// FUSE request, not even an open), and only a missing one goes to the
+    /// lazy layer, which fetches it. The lookup happens at the file's first
+    /// open and overlayfs keeps its answer for the inode's life: a file
+    /// first opened while missing stays served by the lazy layer
+    /// (passthrough once fetched). `None`: `objects` alone.
+    pub local_objects: Option<&'a Path>,
     /// An existing directory to mount on.
     pub target: &'a Path,
     pub upper: UpperSpec,
@@ -346,8 +357,15 @@ fn prepare_with(
     let userns = opts.idmap.map(UserNamespace::new).transpose()?;
     let erofs = mount_erofs(&image, erofs_path, userns.as_ref())?;
     let objects = open_objects(opts.objects, userns.as_ref())?;
+    let local = opts
+        .local_objects
+        .map(|p| open_objects(p, userns.as_ref()))
+        .transpose()?;
     if opts.verity == VerityMode::Require {
         // The open_tree fd is O_PATH, which ioctls refuse: open the directory.
+        // (Checked on `objects`; a local layer before it is the store's
+        // objects/, on the filesystem `objects` would be checked for
+        // without a lazy layer.)
         let dir = openat(
             &objects,
             ".",
@@ -374,24 +392,47 @@ fn prepare_with(
     let upper = prepare_upper(opts, &erofs)?;
     let overlay = match layers {
         LayerPath::Detached => {
-            mount_overlay(opts, &image, erofs.as_fd(), objects.as_fd(), &upper, append)?
+            let data: Vec<BorrowedFd<'_>> = local
+                .iter()
+                .map(AsFd::as_fd)
+                .chain([objects.as_fd()])
+                .collect();
+            mount_overlay(opts, &image, erofs.as_fd(), &data, &upper, append)?
         }
         LayerPath::PrivateNamespace => {
             // The overlay's errors are already MountErrors; setup failures
             // (unshare, move_mount) are StepFailures named after the overlay.
             let result = in_private_namespace(|ns| {
                 ns.attach(&erofs)?;
-                let reopened;
-                let objects_fd = match &objects {
-                    Objects::Clone(fd) => {
-                        ns.attach(fd)?;
-                        fd.as_fd()
+                // Each data layer: its idmapped clone attached, or the
+                // directory opened again inside the namespace.
+                let mut reopened = Vec::new();
+                let mut layers = Vec::new();
+                for (layer, path) in local
+                    .iter()
+                    .zip(opts.local_objects)
+                    .chain([(&objects, opts.objects)])
+                {
+                    match layer {
+                        Objects::Clone(fd) => {
+                            ns.attach(fd)?;
+                            layers.push(None);
+                        }
+                        Objects::Dir(_) => {
+                            reopened.push(ns.open_dir(path)?);
+                            layers.push(Some(reopened.len() - 1));
+                        }
                     }
-                    Objects::Dir(_) => {
-                        reopened = ns.open_dir(opts.objects)?;
-                        reopened.as_fd()
-                    }
-                };
+                }
+                let data: Vec<BorrowedFd<'_>> = local
+                    .iter()
+                    .chain([&objects])
+                    .zip(&layers)
+                    .map(|(layer, at)| match at {
+                        Some(i) => reopened[*i].as_fd(),
+                        None => layer.as_fd(),
+                    })
+                    .collect();
                 if let Upper::Tmpfs(fd) = &upper {
                     ns.attach(fd)?;
                 }
@@ -399,7 +440,7 @@ fn prepare_with(
                     opts,
                     &image,
                     erofs.as_fd(),
-                    objects_fd,
+                    &data,
                     &upper,
                     append,
                 ))
@@ -412,8 +453,10 @@ fn prepare_with(
     };
     tracing::debug!(image = %image.display(), %layers, "prepared overlay stack");
     let mut layers = vec![erofs];
-    if let Objects::Clone(fd) = objects {
-        layers.push(fd);
+    for data in local.into_iter().chain([objects]) {
+        if let Objects::Clone(fd) = data {
+            layers.push(fd);
+        }
     }
     if let Upper::Tmpfs(fd) = upper {
         layers.push(fd);
@@ -663,7 +706,7 @@ fn mount_overlay(
     opts: &MountOptions<'_>,
     image: &Path,
     erofs: BorrowedFd<'_>,
-    objects: BorrowedFd<'_>,
+    data: &[BorrowedFd<'_>],
     upper: &Upper,
     append: bool,
 ) -> Result<OwnedFd, MountError> {
@@ -673,12 +716,14 @@ fn mount_overlay(
         // As for the EROFS layer: gc finds the image in use by this source.
         ctx.set_string("source", image)?;
         let meta = fd_path(erofs);
-        let data = fd_path(objects);
+        let data: Vec<String> = data.iter().map(|fd| fd_path(*fd)).collect();
         if append {
             ctx.set_string("lowerdir+", &meta)?;
-            ctx.set_string("datadir+", &data)?;
+            for d in &data {
+                ctx.set_string("datadir+", d)?;
+            }
         } else {
-            ctx.set_string("lowerdir", format!("{meta}::{data}"))?;
+            ctx.set_string("lowerdir", format!("{meta}::{}", data.join("::")))?;
         }
         // Both required by the composefs format: every regular file in the
         // image is a metadata-only copy (trusted.overlay.metacopy) whose data

@@ -159,6 +159,7 @@ impl Fixture {
         MountOptions {
             image: &self.image,
             objects: &self.objects,
+            local_objects: None,
             target: &self.target,
             upper,
             idmap: None,
@@ -930,6 +931,68 @@ fn privileged_private_namespace_path_builds_the_same_stack() {
     });
 }
 
+/// A data-only layer before the objects (`local_objects`, what a lazy
+/// mount puts the store in front of its FUSE layer with): a file's data
+/// comes from the first layer that has it, and the second fills in what
+/// the first lacks. On every path: detached layers, the legacy lowerdir
+/// string, and the private namespace, idmapped or not.
+#[test]
+fn privileged_local_objects_layer_comes_first_and_the_other_fills_in() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        // The first layer holds only hello's object, with other bytes of
+        // the same length (nothing checks contents with verity off), so
+        // the test sees which layer answered.
+        let first = fx.dir.path().join("first");
+        let local_hello: Vec<u8> = HELLO.iter().map(|b| b.to_ascii_uppercase()).collect();
+        fs::create_dir_all(first.join(HELLO_OBJECT).parent().unwrap()).unwrap();
+        fs::write(first.join(HELLO_OBJECT), &local_hello).unwrap();
+        type Prepare = fn(&MountOptions<'_>) -> Result<cairn_mount::PreparedMount, MountError>;
+        let paths: [(&str, Prepare, Option<IdMap>); 4] = [
+            ("detached", prepare_image, None),
+            (
+                "legacy lowerdir",
+                cairn_mount::stack::prepare_image_with_legacy_lowerdir,
+                None,
+            ),
+            (
+                "private namespace",
+                cairn_mount::stack::prepare_image_in_private_namespace,
+                None,
+            ),
+            (
+                "private namespace, idmapped",
+                cairn_mount::stack::prepare_image_in_private_namespace,
+                Some(IDMAP),
+            ),
+        ];
+        for (what, prepare, idmap) in paths {
+            let before = mounts();
+            let watch = ImageWatch::new(&fx.image);
+            let mut opts = fx.opts(UpperSpec::None);
+            opts.local_objects = Some(&first);
+            opts.idmap = idmap;
+            prepare(&opts)
+                .unwrap_or_else(|e| panic!("{what}: {e}"))
+                .attach(&fx.target)
+                .unwrap_or_else(|e| panic!("{what}: attach: {e}"));
+            watch.reset();
+            let ovl = assert_only_the_overlay(&fx, &before);
+            assert_eq!(
+                fs::read(fx.at("hello.txt")).unwrap(),
+                local_hello,
+                "{what}: hello.txt's data from the first layer ({ovl:?})"
+            );
+            assert_eq!(
+                fs::read(fx.at("home/user/notes")).unwrap(),
+                NOTES,
+                "{what}: notes' data from the second layer"
+            );
+            unmount_and_check_clean(&fx, &before, &watch);
+        }
+    });
+}
+
 /// The mounter is killed with SIGKILL after building the whole stack
 /// (userns, idmapped EROFS and objects, tmpfs upper, overlay) but before
 /// attaching it: everything must vanish with the process.
@@ -1011,6 +1074,7 @@ fn kill_helper_prepares_a_stack_and_waits() {
     let opts = MountOptions {
         image: &image,
         objects: &objects,
+        local_objects: None,
         target: &target,
         upper: UpperSpec::Tmpfs {
             size: Some(1 << 20),

@@ -364,3 +364,82 @@ pub(crate) fn complete(
     }
     Ok(report.image_digest)
 }
+
+/// Completes the incomplete eStargz image `image_digest` from what its
+/// lazy layer stored, without a request: once every file it names (by
+/// sha256) maps through its lazy-names file to an object that is present,
+/// its EROFS image is written again with each file backed by that object
+/// (payload and fs-verity digest, as an import writes them), stored as a
+/// complete image with the lazy image's record (its lazy source dropped),
+/// and every name of the lazy image names it; the lazy image, nameless,
+/// goes at the next gc unless mounted. Returns the complete image's
+/// digest, or `None` when a file is not local yet (nothing is written).
+/// Unlike [`complete`] (a full pull of the layers), the result is not
+/// byte for byte a full pull's image: small files stay in the object
+/// store rather than inline. The caller holds the store lock shared.
+pub fn complete_from_local(
+    store: &Store,
+    image_digest: &str,
+) -> Result<Option<String>, RemoteError> {
+    crate::fetch::incomplete_source(store, image_digest, true)?;
+    let what = format!("eStargz image {image_digest}");
+    let image = std::fs::read(store.image_path(image_digest)).map_err(|e| {
+        cairn_store::StoreError::Source {
+            op: "reading",
+            what: format!("image {image_digest}"),
+            error: e,
+        }
+    })?;
+    let mut tree = cairn_erofs::reader::read_image(&image)
+        .map_err(|e| RemoteError::invalid(&what, format!("its EROFS image: {e}")))?;
+    let names = store.lazy_names(image_digest);
+    let mut lookup = store.object_lookup();
+    let mut files = Vec::new();
+    tree.walk(|_, id, _| files.push(id));
+    files.sort_unstable();
+    files.dedup();
+    for id in files {
+        let cairn_erofs::tree::InodeData::Regular(reg) = &mut tree.inode_mut(id).data else {
+            continue;
+        };
+        let Some(payload) = &reg.payload else {
+            continue;
+        };
+        let Some(name) = crate::push::object_id_of_payload(payload) else {
+            return Err(RemoteError::invalid(
+                &what,
+                format!(
+                    "a file is backed by {:?}, not a file name",
+                    String::from_utf8_lossy(payload)
+                ),
+            ));
+        };
+        let Some(stored) = names.get(&name).filter(|s| lookup.has(s)) else {
+            return Ok(None);
+        };
+        reg.payload = Some(stored.object_path().into_bytes());
+        reg.digest = Some(stored.0);
+    }
+    let bytes = cairn_erofs::writer::mkfs_erofs_to_vec(&tree, &Default::default())
+        .map_err(|e| RemoteError::invalid(&what, format!("writing its complete image: {e}")))?;
+    let mut w = store.image_writer()?;
+    std::io::Write::write_all(&mut w, &bytes).map_err(|e| cairn_store::StoreError::Source {
+        op: "writing",
+        what: "the EROFS image".into(),
+        error: e,
+    })?;
+    let complete = w.commit()?;
+    let mut record = store
+        .image_record(image_digest)?
+        .ok_or_else(|| RemoteError::invalid(&what, "its record went away"))?;
+    record.image_digest = complete.clone();
+    record.image_size = bytes.len() as u64;
+    record.lazy = None;
+    store.write_image_record(&record)?;
+    for (name, digest) in store.list_refs()? {
+        if digest == image_digest {
+            store.set_ref(&name, &complete)?;
+        }
+    }
+    Ok(Some(complete))
+}

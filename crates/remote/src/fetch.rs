@@ -7,8 +7,9 @@
 //! authentication, redirects and retries; `fetch_image` keeps
 //! [`FetchOptions::jobs`] of them in flight. Neighbouring single-frame
 //! objects of one pack are fetched in one request (up to
-//! [`FetchOptions::coalesce`] bytes); a chunked object is fetched chunk by
-//! chunk. Nothing unverified goes anywhere: a chunk is checked against its
+//! [`FetchOptions::coalesce`] bytes); a chunked object wanted whole is
+//! fetched in runs of chunks that lie end to end (up to [`CHUNK_RUN`]
+//! bytes a request), each chunk checked on its own. Nothing unverified goes anywhere: a chunk is checked against its
 //! sha256 before its bytes are written out, a whole object against its
 //! fs-verity digest before it is published (and, for a chunked object
 //! handed to a writer, the writer is told by the result). Wrong bytes are
@@ -39,6 +40,31 @@ pub const DEFAULT_COALESCE: u64 = 1 << 20;
 const MAX_GAP: u64 = 64 << 10;
 /// Verified objects are published in batches of about this many bytes.
 const BATCH_BYTES: u64 = 32 << 20;
+/// The most (compressed) bytes of one object's chunks fetched with one
+/// request when the whole object is wanted.
+pub const CHUNK_RUN: u64 = 4 << 20;
+
+/// The chunks of a chunked object in runs that one request each fetches
+/// when the whole object is wanted: consecutive chunks of one pack that
+/// lie end to end (as `cairn push` writes them), each run at most
+/// [`CHUNK_RUN`] compressed bytes (or one chunk). Indexes into `frames`.
+pub fn chunk_runs(frames: &[Frame]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for k in 1..=frames.len() {
+        let split = k == frames.len() || {
+            let (first, prev, f) = (frames[start], frames[k - 1], frames[k]);
+            f.pack != prev.pack
+                || f.offset != prev.offset + prev.compressed
+                || f.offset + f.compressed - first.offset > CHUNK_RUN
+        };
+        if split {
+            runs.push(start..k);
+            start = k;
+        }
+    }
+    runs
+}
 
 /// The objects of one incomplete image, fetched from its registry.
 pub struct RemoteObjects {
@@ -159,7 +185,19 @@ impl RemoteObjects {
     /// Fetches one chunk and checks it against its sha256.
     fn chunk(&self, id: &ObjectId, k: usize, f: &Frame) -> Result<Vec<u8>, RemoteError> {
         let z = self.range(f.pack, f.offset, f.compressed)?;
-        let data = artifact::unzstd_exact(&z, f.size)
+        self.check_chunk(id, k, f, &z)
+    }
+
+    /// Decodes chunk `k` (frame `f`) of `id` from its compressed bytes `z`
+    /// and checks it against its sha256.
+    fn check_chunk(
+        &self,
+        id: &ObjectId,
+        k: usize,
+        f: &Frame,
+        z: &[u8],
+    ) -> Result<Vec<u8>, RemoteError> {
+        let data = artifact::unzstd_exact(z, f.size)
             .map_err(|d| self.corrupt(id, f.pack, format!("chunk {k}: {d}")))?;
         let sha: [u8; 32] = Sha256::digest(&data).into();
         if Some(sha) != f.sha256 {
@@ -225,11 +263,26 @@ impl RemoteObjects {
             out.write_all(&data).map_err(write_err)?;
             return Ok(e.size);
         }
+        // A run of chunks a request (they lie end to end in a pack), each
+        // checked before it is written.
         let mut hasher = FsVerityHasher::new();
-        for (k, f) in e.frames.iter().enumerate() {
-            let data = self.chunk(id, k, f)?;
-            hasher.update(&data);
-            out.write_all(&data).map_err(write_err)?;
+        for run in chunk_runs(&e.frames) {
+            let (first, last) = (e.frames[run.start], e.frames[run.end - 1]);
+            let z = self.range(
+                first.pack,
+                first.offset,
+                last.offset + last.compressed - first.offset,
+            )?;
+            for k in run {
+                let f = &e.frames[k];
+                let at = (f.offset - first.offset) as usize;
+                let Some(bytes) = z.get(at..at + f.compressed as usize) else {
+                    return Err(self.corrupt(id, f.pack, format!("chunk {k}: a short range")));
+                };
+                let data = self.check_chunk(id, k, f, bytes)?;
+                hasher.update(&data);
+                out.write_all(&data).map_err(write_err)?;
+            }
         }
         let actual = hasher.finalize();
         if actual != *id {
@@ -596,7 +649,7 @@ fn run_work(
                 remote.stage_group(store, group)?
             }
             Work::Chunked(e) => {
-                requests.fetch_add(e.frames.len() as u64, Ordering::Relaxed);
+                requests.fetch_add(chunk_runs(&e.frames).len() as u64, Ordering::Relaxed);
                 vec![remote.stage(store, &e.id)?]
             }
         };
@@ -673,7 +726,7 @@ pub struct FetchReport {
 /// Fetches those of `ids` that are not in the store, each checked before
 /// it is published: neighbouring single-frame objects of a pack in one
 /// range request of at most `coalesce` bytes, chunked objects a request
-/// a chunk, `jobs` requests in flight. Returns the objects and bytes
+/// a run of chunks ([`chunk_runs`]), `jobs` requests in flight. Returns the objects and bytes
 /// fetched and the requests made. Used by `cairn fetch` (every object of
 /// an image) and by `pull --lazy` (its prefetch list).
 pub(crate) fn fetch_objects<'i>(
@@ -708,7 +761,7 @@ pub(crate) fn fetch_objects<'i>(
     chunked.sort_by_key(|e| e.id);
     chunked.dedup_by_key(|e| e.id);
     // The work: groups of neighbouring single-frame objects (one request
-    // each), then the chunked objects (one request a chunk).
+    // each), then the chunked objects (one request a run of chunks).
     let coalesce = coalesce.max(1);
     let mut work: Vec<Work<'_>> = Vec::new();
     let mut i = 0;

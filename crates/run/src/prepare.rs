@@ -90,6 +90,11 @@ pub struct RunSpec {
     /// incomplete image's FUSE layer (`cairn run --lazy`), served by a
     /// process the caller started.
     pub data_layer: Option<PathBuf>,
+    /// With `data_layer`: the store's `objects/` goes before it, so that
+    /// files already local are read from the store by the kernel alone
+    /// (`cairn_mount::MountOptions::local_objects`). Off while the lazy
+    /// layer records every open for a prefetch list.
+    pub local_first: bool,
     /// `--verity`: overlayfs `verity=require` always, where every object
     /// has fs-verity (the default), or never.
     pub verity: cairn_store::VerityChoice,
@@ -237,6 +242,7 @@ pub(crate) fn prepare(paths: &Paths, spec: &RunSpec) -> Result<Prepared, RunErro
         upper,
         idmap,
         spec.data_layer.as_deref(),
+        spec.local_first,
         spec.verity,
     )
     .map_err(|e| c.fail(e))?;
@@ -531,6 +537,7 @@ fn mount_rootfs(
     upper: UpperSpec,
     idmap: Option<IdMap>,
     data_layer: Option<&Path>,
+    local_first: bool,
     verity: cairn_store::VerityChoice,
 ) -> Result<(Bundle, PreparedMount), RunError> {
     let verity = image
@@ -541,9 +548,12 @@ fn mount_rootfs(
     let rootfs = bundle.path().join("rootfs");
     let image_path = image.store.image_path(&image.digest);
     let objects = data_layer.map_or_else(|| image.store.objects_dir(), Path::to_path_buf);
+    let store_objects = image.store.objects_dir();
+    let local_objects = (data_layer.is_some() && local_first).then_some(store_objects.as_path());
     let mount = cairn_mount::prepare_image(&MountOptions {
         image: &image_path,
         objects: &objects,
+        local_objects,
         target: &rootfs,
         upper,
         idmap,

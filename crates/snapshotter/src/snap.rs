@@ -532,6 +532,7 @@ impl Snapshotter {
         mount_image(&MountOptions {
             image: &image,
             objects: &objects,
+            local_objects: None,
             target: &target,
             upper: UpperSpec::None,
             idmap: None,

@@ -813,15 +813,30 @@ impl Store {
     /// lines that are not two ids are skipped). gc keeps them with the
     /// image.
     pub(crate) fn lazy_named_objects(&self, digest: &str) -> Vec<crate::ObjectId> {
+        self.lazy_names(digest).into_values().collect()
+    }
+
+    /// An image's lazy-names map: the name its EROFS image uses for a file
+    /// (an eStargz file's sha256) → the object the lazy layer stored it
+    /// as. Empty without a lazy-names file; lines that are not two ids are
+    /// skipped. The objects need not be present (a crash between a line
+    /// and the publication leaves a line naming nothing).
+    pub fn lazy_names(
+        &self,
+        digest: &str,
+    ) -> std::collections::HashMap<crate::ObjectId, crate::ObjectId> {
         let Ok(text) = fs::read_to_string(self.lazy_names_path(digest)) else {
-            return Vec::new();
+            return Default::default();
+        };
+        let id = |hex: &str| {
+            let mut raw = [0u8; 32];
+            hex::decode_to_slice(hex, &mut raw).ok()?;
+            Some(crate::ObjectId(raw))
         };
         text.lines()
             .filter_map(|l| {
-                let (_, id) = l.split_once(' ')?;
-                let mut raw = [0u8; 32];
-                hex::decode_to_slice(id, &mut raw).ok()?;
-                Some(crate::ObjectId(raw))
+                let (name, stored) = l.split_once(' ')?;
+                Some((id(name)?, id(stored)?))
             })
             .collect()
     }

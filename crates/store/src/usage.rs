@@ -140,6 +140,7 @@ impl Store {
         let mut contents: BTreeMap<String, Result<ImageContents, StoreError>> = BTreeMap::new();
         let mut image_disk: BTreeMap<String, (u64, u64, Option<SystemTime>)> = BTreeMap::new();
         let mut record_sizes: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        let mut lazy_names: BTreeMap<String, HashMap<ObjectId, ObjectId>> = BTreeMap::new();
         for digest in self.list_images()? {
             let digest = digest?;
             let path = self.image_path(&digest);
@@ -165,13 +166,28 @@ impl Store {
                 (meta.len(), meta.blocks() * 512, meta.modified().ok()),
             );
             contents.insert(digest.clone(), self.image_contents(&digest));
+            // An incomplete eStargz image names its files by sha256; the
+            // ones its lazy layer stored are objects named otherwise.
+            let names = self.lazy_names(&digest);
+            if !names.is_empty() {
+                lazy_names.insert(digest.clone(), names);
+            }
         }
+        // The object that holds each of an image's files, if stored.
+        let stored_as = |digest: &str, id: &ObjectId| -> ObjectId {
+            lazy_names
+                .get(digest)
+                .and_then(|n| n.get(id))
+                .copied()
+                .unwrap_or(*id)
+        };
 
         // How many images use each object.
         let mut users: HashMap<ObjectId, u32> = HashMap::new();
-        for c in contents.values().flatten() {
+        for (digest, c) in &contents {
+            let Ok(c) = c else { continue };
             for id in c.objects.keys() {
-                *users.entry(*id).or_default() += 1;
+                *users.entry(stored_as(digest, id)).or_default() += 1;
             }
         }
 
@@ -208,6 +224,7 @@ impl Store {
                     iu.inodes = c.inodes;
                     iu.objects = c.objects.len() as u64;
                     for id in c.objects.keys() {
+                        let id = &stored_as(digest, id);
                         let Some(&(bytes, _)) = objects.get(id) else {
                             iu.missing_objects += 1;
                             continue;

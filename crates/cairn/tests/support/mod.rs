@@ -15,6 +15,7 @@ pub mod estargz;
 pub mod images;
 pub mod proxy;
 pub mod range_proxy;
+pub mod snapshotter;
 
 use std::ffi::OsStr;
 use std::fs;
