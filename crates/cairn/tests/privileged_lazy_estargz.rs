@@ -80,8 +80,15 @@ fn sha_hex(data: &[u8]) -> String {
     hex::encode(<sha2::Sha256 as sha2::Digest>::digest(data))
 }
 
+/// The tests of this file one at a time. They use the same image, and gc
+/// keeps a store's image while an image of the same digest is mounted from
+/// any store (`store::mounts`, on purpose), so one test's lazy mount kept
+/// the lazy image that another's gc was checking it removed (1 run in 7).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn privileged_lazy_estargz_pull_builds_the_tree_of_a_full_pull_from_the_tocs() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     assert!(
         rustix::process::geteuid().is_root(),
         "this test starts containerd and must run as root"
@@ -296,6 +303,7 @@ fn wait_for_servers_gone(root: &std::path::Path) {
 
 #[test]
 fn privileged_lazy_estargz_run_prints_what_a_full_run_prints() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     assert!(
         rustix::process::geteuid().is_root(),
         "this test starts containerd and mounts: it must run as root"
@@ -385,6 +393,7 @@ fn privileged_lazy_estargz_run_prints_what_a_full_run_prints() {
 
 #[test]
 fn privileged_lazy_estargz_wrong_bytes_give_eio_and_a_successor_finds_stored_files() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     use std::sync::atomic::Ordering;
     assert!(
         rustix::process::geteuid().is_root(),
