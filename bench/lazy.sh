@@ -15,7 +15,7 @@
 # Bytes fetched are counted on the host's end of the veth (received bytes:
 # what the registry sent, TCP/IP headers included). Then, on the unshaped
 # link, steady-state reads: the files the command opened, read again
-# through a lazy mount of the lazy store (fetched, so passthrough) against
+# through a lazy mount of the lazy store (fetched, so read from the store directly) against
 # the same files of a full pull's mount, cold and warm; and the lazy
 # server's peak RSS (VmHWM) after that.
 #

@@ -74,8 +74,7 @@ def main():
     for key in ("date", "host", "load", "versions", "command", "runs", "link"):
         if key in meta:
             p(f"- {key}: {meta[key][0]}")
-    p("- the machine is shared: other helpers were building Rust crates while this ran "
-      "(see the load above), so times carry that noise")
+    p("- times carry whatever else ran on the machine: read the load above")
     p("")
     p("| image | layers (gzip) | unpacked tar | cairn artifact packs | files opened | command |")
     p("| --- | --- | --- | --- | --- | --- |")
@@ -113,8 +112,8 @@ def main():
         p("")
         p("The files the command opened (its recorded prefetch list), read whole")
         p("again: through a lazy mount of the last lazy+list store (every one of them")
-        p("fetched, so served by passthrough from the store) and through a full pull's")
-        p("mount. Cold: caches dropped first; 3 samples each, interleaved.")
+        p("fetched, so read from the store, the mount's first data-only layer) and through a full pull's")
+        p("mount. Cold: caches dropped first; warm: right after the same mount's cold read; 3 samples each.")
         p("")
         p("| image | bytes read | cold: local | cold: lazy | lazy/local | warm: local | warm: lazy | lazy/local |")
         p("| --- | --- | --- | --- | --- | --- | --- | --- |")
