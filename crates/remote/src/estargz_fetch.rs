@@ -383,13 +383,7 @@ pub fn complete_from_local(
 ) -> Result<Option<String>, RemoteError> {
     crate::fetch::incomplete_source(store, image_digest, true)?;
     let what = format!("eStargz image {image_digest}");
-    let image = std::fs::read(store.image_path(image_digest)).map_err(|e| {
-        cairn_store::StoreError::Source {
-            op: "reading",
-            what: format!("image {image_digest}"),
-            error: e,
-        }
-    })?;
+    let image = store.read_image(image_digest)?;
     let mut tree = cairn_erofs::reader::read_image(&image)
         .map_err(|e| RemoteError::invalid(&what, format!("its EROFS image: {e}")))?;
     let names = store.lazy_names(image_digest);

@@ -802,13 +802,7 @@ pub fn fetch_image(
             why: "it has no image record".to_string(),
         });
     };
-    let image = std::fs::read(store.image_path(image_digest)).map_err(|e| {
-        cairn_store::StoreError::Source {
-            op: "reading",
-            what: format!("image {image_digest}"),
-            error: e,
-        }
-    })?;
+    let image = store.read_image(image_digest)?;
     let objects = crate::lazy::image_objects(&image, &format!("image {image_digest}"))?;
     let mut report = FetchReport {
         image_digest: image_digest.to_string(),

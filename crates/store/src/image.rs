@@ -36,6 +36,15 @@ impl Store {
         self.images_dir().join(digest)
     }
 
+    /// The bytes of the image's EROFS file; an error names the image.
+    pub fn read_image(&self, digest: &str) -> Result<Vec<u8>, StoreError> {
+        fs::read(self.image_path(digest)).map_err(|error| StoreError::Source {
+            op: "reading",
+            what: format!("image {digest}"),
+            error,
+        })
+    }
+
     /// Whether the image is in the store. False for anything that is not a
     /// valid digest.
     pub fn has_image(&self, digest: &str) -> bool {
