@@ -405,32 +405,28 @@ fn prepare_with(
             let result = in_private_namespace(|ns| {
                 ns.attach(&erofs)?;
                 // Each data layer: its idmapped clone attached, or the
-                // directory opened again inside the namespace.
+                // directory opened again inside the namespace (in order).
                 let mut reopened = Vec::new();
-                let mut layers = Vec::new();
                 for (layer, path) in local
                     .iter()
                     .zip(opts.local_objects)
                     .chain([(&objects, opts.objects)])
                 {
                     match layer {
-                        Objects::Clone(fd) => {
-                            ns.attach(fd)?;
-                            layers.push(None);
-                        }
-                        Objects::Dir(_) => {
-                            reopened.push(ns.open_dir(path)?);
-                            layers.push(Some(reopened.len() - 1));
-                        }
+                        Objects::Clone(fd) => ns.attach(fd)?,
+                        Objects::Dir(_) => reopened.push(ns.open_dir(path)?),
                     }
                 }
+                let mut reopened = reopened.iter();
                 let data: Vec<BorrowedFd<'_>> = local
                     .iter()
                     .chain([&objects])
-                    .zip(&layers)
-                    .map(|(layer, at)| match at {
-                        Some(i) => reopened[*i].as_fd(),
-                        None => layer.as_fd(),
+                    .map(|layer| match layer {
+                        Objects::Clone(fd) => fd.as_fd(),
+                        Objects::Dir(_) => reopened
+                            .next()
+                            .expect("one fd reopened per directory layer")
+                            .as_fd(),
                     })
                     .collect();
                 if let Upper::Tmpfs(fd) = &upper {

@@ -165,6 +165,13 @@ fn many_layer() -> Vec<u8> {
 }
 
 fn edits_layer() -> Vec<u8> {
+    edits_tar(("bin/tool-again", "bin/tool"))
+}
+
+/// The "edits" layer's tar, its one hard link `link` (name, target): the
+/// test set links to a file of a lower layer; the snapshotter tests link
+/// within the layer, which containerd's overlayfs applier can make.
+pub fn edits_tar(link: (&str, &str)) -> Vec<u8> {
     let mut t = Tar::default();
     t.dir("etc")
         .whiteout("etc", "gone-later")
@@ -179,7 +186,7 @@ fn edits_layer() -> Vec<u8> {
     }
     t.dir("bin")
         .file_mode("bin/sh", b"#!/bin/tool\n", 0o755)
-        .hardlink("bin/tool-again", "bin/tool")
+        .hardlink(link.0, link.1)
         .dir("opt")
         .file("opt/data", &random_bytes(800_000, 4));
     t.finish()

@@ -39,24 +39,7 @@ pub fn push_image(reg: &LocalRegistry) -> String {
     };
     // The test set's "edits" layer without its hard link to a file of a
     // lower layer, which containerd's overlayfs applier cannot make.
-    let mut t = Tar::default();
-    t.dir("etc")
-        .whiteout("etc", "gone-later")
-        .file("etc/hostname", b"edited\n")
-        .dir("usr/lib")
-        .opaque("usr/lib");
-    for i in 0..100u64 {
-        t.file(
-            &format!("usr/lib/new{i:03}.txt"),
-            &super::images::text(500 + i as usize, 20_000 + i),
-        );
-    }
-    t.dir("bin")
-        .file_mode("bin/sh", b"#!/bin/tool\n", 0o755)
-        .hardlink("bin/sh-again", "bin/sh")
-        .dir("opt")
-        .file("opt/data", &super::images::random_bytes(800_000, 4));
-    let edits = gzip(t.finish());
+    let edits = gzip(super::images::edits_tar(("bin/sh-again", "bin/sh")));
     let mut blobs = vec![layer("base"), layer("many"), edits, layer("top")];
     let mut t = Tar::default();
     t.dir("busybox").file_mode(
