@@ -27,6 +27,9 @@ pub struct ImportArgs {
     /// Pick this platform from an image index (default: this machine's).
     #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = PlatformSpec::parse)]
     pub platform: Option<PlatformSpec>,
+    /// Layers imported at once (oci-layout and docker-archive).
+    #[arg(long, default_value_t = cairn_image::DEFAULT_LAYER_JOBS as u16, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub jobs: u16,
 }
 
 #[derive(Args, Debug)]
@@ -110,6 +113,7 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<()> {
         name: args.name.clone(),
         platform: args.platform.clone(),
         limits: Default::default(),
+        jobs: usize::from(args.jobs),
     };
     let image: ImportedImage = match &source {
         Source::OciLayout { path, tag } => {

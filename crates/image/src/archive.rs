@@ -52,6 +52,7 @@ use serde_json::{json, Value};
 
 use crate::assemble::{assemble_image_from, now_rfc3339, ImportedImage};
 use crate::layer::{clean_path, import_layer, LayerInfo, Limits};
+use crate::layer_jobs::{first_of_each, import_each, Cancellable, DEFAULT_LAYER_JOBS};
 use crate::scan::{scan_dir, ScanOptions};
 use crate::tar::{EntryKind, TarLimits, TarReader, TarSource};
 use crate::LayerError;
@@ -68,6 +69,17 @@ pub struct ImportOptions {
     /// parsed and matched as a registry pull does (`cairn_spec::platform`).
     pub platform: Option<PlatformSpec>,
     pub limits: Limits,
+    /// Layers imported at once (0: [`DEFAULT_LAYER_JOBS`]).
+    pub jobs: usize,
+}
+
+impl ImportOptions {
+    fn layer_jobs(&self) -> usize {
+        match self.jobs {
+            0 => DEFAULT_LAYER_JOBS,
+            n => n,
+        }
+    }
 }
 
 fn archive_err(archive: &str, reason: impl std::fmt::Display) -> LayerError {
@@ -354,22 +366,26 @@ pub fn import_oci_layout(
             Err(e) => return Err(e),
         });
     }
-    let mut infos = Vec::new();
-    for ((desc, diff_id), blob) in layer_descs.iter().zip(diff_ids).zip(blobs) {
-        let Some(file) = blob else {
-            infos.push(None);
-            continue;
+    // Several layers at once, as a pull does; a repeated layer once.
+    let first = first_of_each(&diff_ids[..layer_descs.len().min(diff_ids.len())]);
+    let infos = import_each(blobs.len(), opts.layer_jobs(), |i, cancel| {
+        let (Some(file), true) = (&blobs[i], first[i]) else {
+            return Ok(None);
         };
-        let info = import_layer(
+        let desc = &layer_descs[i];
+        import_layer(
             store,
-            BufReader::with_capacity(1 << 20, file.take(desc.size)),
+            BufReader::with_capacity(
+                1 << 20,
+                Cancellable::new(Read::take(file, desc.size), cancel),
+            ),
             Some(&desc.media_type),
             Some(&desc.digest),
-            Some(diff_id),
+            Some(&diff_ids[i]),
             &opts.limits,
-        )?;
-        infos.push(Some(info));
-    }
+        )
+        .map(Some)
+    })?;
     let name = opts.name.clone().or_else(|| match tag {
         Some(t) => Some(t.to_owned()),
         None => dir
@@ -748,37 +764,41 @@ pub fn import_docker_archive(
             ),
         ));
     }
-    let mut infos = Vec::new();
+    // Each layer member read from its own offset, several at once as a
+    // pull does; a repeated layer once.
+    let first = first_of_each(&diff_ids);
+    let infos = import_each(layer_names.len(), opts.layer_jobs(), |i, cancel| {
+        let (lname, diff_id) = (layer_names[i], &diff_ids[i]);
+        if !first[i] || crate::layer::has_layer(store, diff_id) {
+            return Ok(None);
+        }
+        let m = find(lname)?;
+        let mut f = open()?;
+        f.seek(SeekFrom::Start(m.offset))
+            .map_err(|e| archive_err(&what, format!("{lname}: {e}")))?;
+        let reader = BufReader::with_capacity(1 << 20, Cancellable::new(f.take(m.size), cancel));
+        import_layer(
+            store,
+            reader,
+            None,
+            layer_named[i].as_deref(),
+            Some(diff_id),
+            &opts.limits,
+        )
+        .map(Some)
+        .map_err(|e| {
+            // Say which member; a read error (of the archive file, not
+            // of its data) stays what it is.
+            if matches!(e, LayerError::Read { .. }) {
+                e
+            } else {
+                archive_err(&what, format!("layer {lname:?}: {e}"))
+            }
+        })
+    })?;
     let mut descriptors = Vec::new();
-    for ((lname, diff_id), named) in layer_names.iter().zip(&diff_ids).zip(&layer_named) {
-        let info = if crate::layer::has_layer(store, diff_id) {
-            None
-        } else {
-            let m = find(lname)?;
-            let mut f = open()?;
-            f.seek(SeekFrom::Start(m.offset))
-                .map_err(|e| archive_err(&what, format!("{lname}: {e}")))?;
-            let reader = BufReader::with_capacity(1 << 20, f.take(m.size));
-            let info = import_layer(
-                store,
-                reader,
-                None,
-                named.as_deref(),
-                Some(diff_id),
-                &opts.limits,
-            )
-            .map_err(|e| {
-                // Say which member; a read error (of the archive file, not
-                // of its data) stays what it is.
-                if matches!(e, LayerError::Read { .. }) {
-                    e
-                } else {
-                    archive_err(&what, format!("layer {lname:?}: {e}"))
-                }
-            })?;
-            Some(info)
-        };
-        let size = match &info {
+    for (info, diff_id) in infos.iter().zip(&diff_ids) {
+        let size = match info {
             Some(i) => i.size,
             None => store
                 .layer_record(diff_id)
@@ -791,7 +811,6 @@ pub fn import_docker_archive(
             "digest": diff_id,
             "size": size,
         }));
-        infos.push(info);
     }
     let oci_manifest = serde_json::to_vec(&json!({
         "schemaVersion": 2,

@@ -31,6 +31,7 @@ mod error;
 mod export;
 mod fuzz;
 mod layer;
+mod layer_jobs;
 mod pax;
 mod pipeline;
 mod scan;
@@ -53,6 +54,7 @@ pub use error::LayerError;
 pub use export::{export_oci_layout, write_tar, ExportedImage};
 pub use fuzz::fuzz_apply;
 pub use layer::{has_layer, import_layer, LayerInfo, Limits};
+pub use layer_jobs::DEFAULT_LAYER_JOBS;
 pub use scan::{scan_dir, ScanError, ScanOptions, ScanStats};
 
 /// Fuzzing oracle for the tar reader (the `tar_read` fuzz target): reads

@@ -804,3 +804,205 @@ fn docker_archive_from_skopeo() {
         b"descriptors are checked\n"
     );
 }
+
+// ---- Several layers at once: the same result as one at a time ----
+
+/// Four layers (gzip, zstd, plain, and the first again), with whiteouts
+/// and files over the inline size: their tars and blobs.
+fn four_layers() -> Vec<(Vec<u8>, Vec<u8>, &'static str)> {
+    let mut a = Layer::new();
+    a.dir("etc", 0o755)
+        .file("etc/os", b"a\n", 0o644)
+        .file("bin/big", &vec![1u8; 300_000], 0o755)
+        .hardlink("bin/big2", "bin/big");
+    for i in 0..200 {
+        a.file(&format!("usr/share/f{i}"), &vec![i as u8; 5000 + i], 0o644);
+    }
+    let a = a.finish();
+    let mut b = Layer::new();
+    b.whiteout("etc/.wh.os")
+        .file("etc/b", &vec![2u8; 70_000], 0o600);
+    for i in 0..100 {
+        b.file(&format!("usr/share/f{i}"), &vec![i as u8 + 1; 6000], 0o644);
+    }
+    let b = b.finish();
+    let mut c = Layer::new();
+    c.whiteout("usr/.wh..wh..opq").file("usr/c", b"c", 0o644);
+    let c = c.finish();
+    vec![
+        (gzip(&a), a.clone(), LAYER_GZIP),
+        (zstd(&b), b, "application/vnd.oci.image.layer.v1.tar+zstd"),
+        (c.clone(), c, LAYER_TAR),
+        (gzip(&a), a, LAYER_GZIP),
+    ]
+}
+
+/// A layout of one image (tag `t`) from these layers.
+fn layout_of(dir: &Path, layers: &[(Vec<u8>, Vec<u8>, &str)]) {
+    let host = PlatformSpec::host();
+    let diff_ids: Vec<String> = layers.iter().map(|(_, tar, _)| sha256(tar)).collect();
+    let config = serde_json::to_vec(&json!({
+        "architecture": host.architecture, "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }))
+    .unwrap();
+    let descs: Vec<Value> = layers
+        .iter()
+        .map(|(blob_bytes, _, mt)| blob(dir, mt, blob_bytes))
+        .collect();
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": blob(dir, OCI_CONFIG, &config), "layers": descs,
+    }))
+    .unwrap();
+    let mut m = blob(dir, OCI_MANIFEST, &manifest);
+    m["annotations"] = json!({"org.opencontainers.image.ref.name": "t"});
+    fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [m]})).unwrap(),
+    )
+    .unwrap();
+}
+
+/// Every file under the store's `layers/` and `objects/`, with its bytes.
+fn layers_and_objects(store: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![store.join("layers"), store.join("objects")];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                todo.push(e.path());
+            } else {
+                let rel = e.path().strip_prefix(store).unwrap().display().to_string();
+                out.insert(rel, fs::read(e.path()).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn oci_layout_layers_import_at_once_with_the_same_result() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("layout");
+    layout_of(&dir, &four_layers());
+    let mut seen = Vec::new();
+    for jobs in [1, 4] {
+        let root = d.path().join(format!("store-{jobs}"));
+        let s = open_store(&root);
+        let opts = ImportOptions {
+            jobs,
+            ..Default::default()
+        };
+        let img = import_oci_layout(&s, &dir, Some("t"), &opts).unwrap();
+        assert_eq!(img.layers.len(), 4);
+        // The repeat of the first layer is imported once.
+        assert!(
+            !img.layers[0].cached && img.layers[3].cached,
+            "{:?}",
+            img.layers
+        );
+        seen.push((img.image_digest.clone(), layers_and_objects(&root)));
+    }
+    // The same layers in a `docker save` archive (gzip and zstd members
+    // as they are; docker archives name no compression).
+    let archive = d.path().join("image.tar");
+    let layers = four_layers();
+    let names: Vec<String> = (0..layers.len())
+        .map(|i| format!("l{i}/layer.tar"))
+        .collect();
+    let diff_ids: Vec<String> = layers.iter().map(|(_, tar, _)| sha256(tar)).collect();
+    let host = PlatformSpec::host();
+    let config = serde_json::to_vec(&json!({
+        "architecture": host.architecture, "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&json!([{
+        "Config": "config.json", "RepoTags": ["docker.test/four:1"], "Layers": names,
+    }]))
+    .unwrap();
+    let mut b = tar::Builder::new(fs::File::create(&archive).unwrap());
+    let members = layers
+        .iter()
+        .zip(&names)
+        .map(|((blob, _, _), n)| (n.as_str(), blob))
+        .chain([("config.json", &config), ("manifest.json", &manifest)]);
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, name, data.as_slice()).unwrap();
+    }
+    b.into_inner().unwrap();
+    let mut from_archive = Vec::new();
+    for jobs in [1, 4] {
+        let root = d.path().join(format!("docker-{jobs}"));
+        let s = open_store(&root);
+        let opts = ImportOptions {
+            jobs,
+            ..Default::default()
+        };
+        let img = cairn_image::import_docker_archive(&s, &archive, &opts).unwrap();
+        assert!(
+            !img.layers[0].cached && img.layers[3].cached,
+            "{:?}",
+            img.layers
+        );
+        from_archive.push((img.image_digest.clone(), layers_and_objects(&root)));
+    }
+    assert_eq!(
+        from_archive[0].0, from_archive[1].0,
+        "docker archive: the same image"
+    );
+    assert!(
+        from_archive[0].1 == from_archive[1].1,
+        "docker archive: the same store"
+    );
+
+    assert_eq!(seen[0].0, seen[1].0, "the same image digest");
+    assert!(seen[0].1.keys().any(|k| k.starts_with("objects/")));
+    assert!(seen[0].1.keys().any(|k| k.starts_with("layers/")));
+    assert_eq!(
+        seen[0].1.keys().collect::<Vec<_>>(),
+        seen[1].1.keys().collect::<Vec<_>>(),
+        "the same layer records and objects"
+    );
+    assert!(seen[0].1 == seen[1].1, "the same bytes in each");
+}
+
+#[test]
+fn oci_layout_a_bad_layer_among_several_fails_with_its_own_error() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("layout");
+    let mut layers = four_layers();
+    layers.truncate(3);
+    layout_of(&dir, &layers);
+    // The second layer's file changes after its descriptor was written:
+    // a digest mismatch found only once it streams.
+    let digest = sha256(&layers[1].0);
+    let path = dir.join("blobs/sha256").join(&digest[7..]);
+    let mut bytes = fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    fs::write(&path, &bytes).unwrap();
+    let root = d.path().join("store");
+    let s = open_store(&root);
+    let opts = ImportOptions {
+        jobs: 3,
+        ..Default::default()
+    };
+    let e = import_oci_layout(&s, &dir, Some("t"), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&digest), "{e}");
+    assert!(!e.contains("stopped"), "the failing layer's error: {e}");
+    assert_eq!(s.list_images().unwrap().count(), 0, "no image");
+    // Put right, the import goes through in the same store.
+    bytes[last] ^= 0xff;
+    fs::write(&path, &bytes).unwrap();
+    let img = import_oci_layout(&s, &dir, Some("t"), &opts).unwrap();
+    assert_eq!(img.layers.len(), 3);
+}

@@ -1,0 +1,174 @@
+//! The layers of one local image imported at once, as a registry pull
+//! imports them (`cairn pull --jobs`): each layer is its own pipeline
+//! (decompression thread, object workers), so an image of several layers
+//! keeps more of the machine busy than its layers one after another.
+//!
+//! The first layer that fails stops the others: their readers return an
+//! error at their next read, their imports publish nothing (an import
+//! publishes its objects and record only once its stream is verified),
+//! and that first error is the one the caller sees. Layers that finished
+//! before it stay in the store, as after a failed pull; a retry finds
+//! them in the layer cache.
+
+use std::io::{self, Read};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crate::layer::LayerInfo;
+use crate::LayerError;
+
+/// Layers imported at once when the caller does not say (`cairn pull`'s
+/// default `--jobs`).
+pub const DEFAULT_LAYER_JOBS: usize = 3;
+
+/// A reader that fails once `cancel` is set.
+pub(crate) struct Cancellable<'a, R> {
+    inner: R,
+    cancel: &'a AtomicBool,
+}
+
+impl<'a, R> Cancellable<'a, R> {
+    pub(crate) fn new(inner: R, cancel: &'a AtomicBool) -> Self {
+        Cancellable { inner, cancel }
+    }
+}
+
+impl<R: Read> Read for Cancellable<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.cancel.load(Ordering::Relaxed) {
+            // Not `Interrupted`: readers retry that.
+            return Err(io::Error::other(
+                "stopped: another layer of the image failed",
+            ));
+        }
+        self.inner.read(buf)
+    }
+}
+
+/// Runs `import(i, cancel)` for `i` in `0..count`, `jobs` at a time (at
+/// least one), and returns their results in order. `import` returns
+/// `None` for a layer it did not import (in the cache, or a repeat of an
+/// earlier layer of the image) and reads its blob through a
+/// [`Cancellable`] on `cancel`. The first error stops the rest and is the
+/// one returned.
+pub(crate) fn import_each<F>(
+    count: usize,
+    jobs: usize,
+    import: F,
+) -> Result<Vec<Option<LayerInfo>>, LayerError>
+where
+    F: Fn(usize, &AtomicBool) -> Result<Option<LayerInfo>, LayerError> + Sync,
+{
+    let results: Vec<Mutex<Option<LayerInfo>>> = (0..count).map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let cancel = AtomicBool::new(false);
+    let first_error: Mutex<Option<LayerError>> = Mutex::new(None);
+    let worker = || {
+        while !cancel.load(Ordering::Relaxed) {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= count {
+                break;
+            }
+            match import(i, &cancel) {
+                Ok(info) => *results[i].lock().unwrap_or_else(|p| p.into_inner()) = info,
+                Err(e) => {
+                    // Whoever stops the others first has the error that
+                    // matters; the ones it stopped fail with "stopped".
+                    if !cancel.swap(true, Ordering::Relaxed) {
+                        *first_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    }
+                    break;
+                }
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..jobs.clamp(1, count.max(1)) {
+            s.spawn(worker);
+        }
+        worker();
+    });
+    if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    Ok(results
+        .into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .collect())
+}
+
+/// For each layer, whether it is the first of the image with its diff_id
+/// (a repeat is imported once).
+pub(crate) fn first_of_each<S: AsRef<str>>(diff_ids: &[S]) -> Vec<bool> {
+    let mut seen = std::collections::HashSet::new();
+    diff_ids.iter().map(|d| seen.insert(d.as_ref())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(n: u64) -> LayerInfo {
+        LayerInfo {
+            diff_id: format!("sha256:{n:064x}"),
+            blob_digest: None,
+            entries: 0,
+            size: n,
+            compressed_size: 0,
+            cached: false,
+        }
+    }
+
+    #[test]
+    fn results_come_back_in_order_whatever_the_jobs() {
+        for jobs in [0, 1, 2, 3, 8] {
+            let r = import_each(5, jobs, |i, _| Ok((i % 2 == 0).then(|| info(i as u64)))).unwrap();
+            let sizes: Vec<Option<u64>> = r.iter().map(|o| o.as_ref().map(|i| i.size)).collect();
+            assert_eq!(
+                sizes,
+                vec![Some(0), None, Some(2), None, Some(4)],
+                "jobs {jobs}"
+            );
+        }
+        assert!(import_each(0, 3, |_, _| unreachable!()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_first_failure_stops_the_others_and_is_returned() {
+        let started = AtomicUsize::new(0);
+        let e = import_each(50, 2, |i, cancel| {
+            started.fetch_add(1, Ordering::Relaxed);
+            if i == 1 {
+                return Err(LayerError::Invalid {
+                    layer: "one".into(),
+                    reason: "bad".into(),
+                });
+            }
+            // A long layer: reads until it is stopped.
+            let mut r = Cancellable::new(io::repeat(0), cancel);
+            let mut buf = [0u8; 16];
+            loop {
+                if let Err(e) = r.read(&mut buf) {
+                    return Err(LayerError::Read {
+                        layer: format!("{i}"),
+                        source: e,
+                    });
+                }
+            }
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&e, LayerError::Invalid { layer, .. } if layer == "one"),
+            "{e}"
+        );
+        assert!(started.load(Ordering::Relaxed) <= 3);
+    }
+
+    #[test]
+    fn repeats_of_a_diff_id_are_imported_once() {
+        assert_eq!(
+            first_of_each(&["a", "b", "a", "c", "b"]),
+            vec![true, true, false, true, false]
+        );
+    }
+}
