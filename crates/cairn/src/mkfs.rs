@@ -121,6 +121,7 @@ pub fn run(g: &Global, args: &MkfsArgs) -> Result<()> {
             inline_threshold: args.inline_threshold,
             skip_xattrs: args.skip_xattrs,
             threads: args.threads,
+            metadata_only: false,
         };
         let (tree, stats) = cairn_image::scan_dir(&args.source, &opts)
             .with_context(|| format!("reading directory {}", args.source.display()))?;

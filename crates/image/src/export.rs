@@ -17,10 +17,13 @@
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use cairn_erofs::tree::{FileType, InodeData, InodeId, Tree, ROOT};
 use cairn_store::{ObjectId, Store};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -43,9 +46,45 @@ pub struct ExportedImage {
     pub tag: String,
 }
 
+/// Where [`write_tar_from`] reads regular files' contents.
+#[derive(Debug, Clone, Copy)]
+pub enum TarContents<'a> {
+    /// The store's objects (the tree names them).
+    Store(&'a Store),
+    /// The directory the tree was scanned from (`ScanOptions::metadata_only`):
+    /// each file at its tar path, opened beneath the directory without
+    /// following any symlink, and its size checked against the scan's.
+    Dir(&'a Path),
+}
+
 /// Writes `tree` as a tar stream to `out`, reading regular file contents
 /// from the store's objects. Returns the number of entries written.
 pub fn write_tar(tree: &Tree, store: &Store, out: &mut impl Write) -> io::Result<u64> {
+    write_tar_from(tree, TarContents::Store(store), out)
+}
+
+/// Writes `tree` as a tar stream to `out`, reading regular file contents
+/// from `contents`. Returns the number of entries written.
+pub fn write_tar_from(
+    tree: &Tree,
+    contents: TarContents<'_>,
+    out: &mut impl Write,
+) -> io::Result<u64> {
+    let source = match contents {
+        TarContents::Store(s) => Source::Store(s),
+        TarContents::Dir(d) => {
+            let fd = rustix::fs::open(
+                d,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| {
+                io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", d.display()))
+            })?;
+            Source::Dir(fd, d)
+        }
+    };
+    let store = &source;
     let mut w = TarWriter { out };
     let mut primary: HashMap<InodeId, Vec<u8>> = HashMap::new();
     let mut count = 0u64;
@@ -168,7 +207,7 @@ impl<W: Write> TarWriter<'_, W> {
         id: InodeId,
         path: &[u8],
         hardlink_to: Option<&Vec<u8>>,
-        store: &Store,
+        source: &Source<'_>,
     ) -> io::Result<()> {
         let inode = tree.inode(id);
         let (typeflag, link): (u8, &[u8]) = match hardlink_to {
@@ -246,20 +285,13 @@ impl<W: Write> TarWriter<'_, W> {
                 }
                 self.out.write_all(content)?;
             } else {
-                let object = object_of(r, path)?;
-                let file_path = store.object_path(&object);
-                let f = File::open(&file_path).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("{}: object {}: {e}", String::from_utf8_lossy(path), object),
-                    )
-                })?;
+                let (f, what) = source.open(r, path, size)?;
                 let copied = io::copy(&mut f.take(size), self.out)?;
                 if copied != size {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
                         format!(
-                            "{}: object {object} holds {copied} bytes, the file {size}",
+                            "{}: {what} holds {copied} bytes, the file {size}",
                             String::from_utf8_lossy(path)
                         ),
                     ));
@@ -273,6 +305,70 @@ impl<W: Write> TarWriter<'_, W> {
     fn pad(&mut self, size: u64) -> io::Result<()> {
         let pad = (512 - size % 512) % 512;
         self.out.write_all(&[0u8; 512][..pad as usize])
+    }
+}
+
+/// [`TarContents`], with the directory open.
+enum Source<'a> {
+    Store(&'a Store),
+    Dir(OwnedFd, &'a Path),
+}
+
+impl Source<'_> {
+    /// The open file with `r`'s content (at tar path `path`), and what it
+    /// is, for errors.
+    fn open(
+        &self,
+        r: &cairn_erofs::RegularFile,
+        path: &[u8],
+        size: u64,
+    ) -> io::Result<(File, String)> {
+        let name = || String::from_utf8_lossy(path);
+        match self {
+            Source::Store(store) => {
+                let object = object_of(r, path)?;
+                let f = File::open(store.object_path(&object)).map_err(|e| {
+                    io::Error::new(e.kind(), format!("{}: object {object}: {e}", name()))
+                })?;
+                Ok((f, format!("object {object}")))
+            }
+            Source::Dir(fd, dir) => {
+                let rel = std::ffi::OsStr::from_bytes(path);
+                // Beneath the directory, through no symlink: a tree that
+                // changes under the walk cannot send the read elsewhere.
+                let f = rustix::fs::openat2(
+                    fd,
+                    rel,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
+                    Mode::empty(),
+                    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+                )
+                .map_err(|e| {
+                    io::Error::new(
+                        io::Error::from(e).kind(),
+                        format!("{} in {}: {e}", name(), dir.display()),
+                    )
+                })?;
+                let f = File::from(f);
+                let meta = f.metadata()?;
+                if !meta.is_file() || meta.len() != size {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "{} in {}: changed since it was scanned (a file of {size} bytes, now {})",
+                            name(),
+                            dir.display(),
+                            if meta.is_file() {
+                                format!("{} bytes", meta.len())
+                            } else {
+                                "not a regular file".to_owned()
+                            }
+                        ),
+                    ));
+                }
+                Ok((f, format!("{} in {}", name(), dir.display())))
+            }
+        }
     }
 }
 

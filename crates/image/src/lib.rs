@@ -51,7 +51,7 @@ pub use assemble::{
 pub use cairn_spec::PlatformSpec;
 pub use decompress::Compression;
 pub use error::LayerError;
-pub use export::{export_oci_layout, write_tar, ExportedImage};
+pub use export::{export_oci_layout, write_tar, write_tar_from, ExportedImage, TarContents};
 pub use fuzz::fuzz_apply;
 pub use layer::{has_layer, import_layer, LayerInfo, Limits};
 pub use layer_jobs::DEFAULT_LAYER_JOBS;

@@ -1,15 +1,17 @@
 //! Commit: an active snapshot's directory becomes a layer in the store,
 //! and its chain (the parent's layers and this one) an EROFS image.
 //!
-//! The directory is scanned as `cairn mkfs --store` scans a tree (every
-//! file digested, in parallel, and stored as an object), the scanned tree
-//! is turned from overlayfs's upper-directory form into the OCI layer form
+//! The directory's metadata is scanned as `cairn mkfs` scans a tree (no
+//! file content is read at this step), the scanned tree is turned from
+//! overlayfs's upper-directory form into the OCI layer form
 //! (a whiteout character device 0:0 `NAME` becomes an entry `.wh.NAME`, a
 //! directory with `trusted.overlay.opaque=y` gains a `.wh..wh..opq` entry,
 //! overlayfs's own `trusted.overlay.*` attributes are dropped), and the
-//! tree is streamed as a tar through the same layer importer `cairn
-//! import` and `cairn pull` use. The layer record, its diff_id and its
-//! objects are therefore exactly those an import of that tar gives. The
+//! tree is streamed as a tar, each file read from the directory as it is
+//! written, through the same layer importer `cairn import` and `cairn
+//! pull` use, which digests and stores each file once. The layer record,
+//! its diff_id and its objects are therefore exactly those an import of
+//! that tar gives. The
 //! chain image is then assembled as an import assembles an image, and a
 //! ref keeps it (and so its layers and objects) alive for gc.
 
@@ -19,7 +21,8 @@ use std::path::Path;
 use cairn_erofs::tree::{InodeId, Tree, ROOT};
 use cairn_erofs::Inode;
 use cairn_image::{
-    assemble_image_from, import_layer, scan_dir, write_tar, LayerInfo, Limits, ScanOptions,
+    assemble_image_from, import_layer, scan_dir, write_tar_from, LayerInfo, Limits, ScanOptions,
+    TarContents,
 };
 use cairn_spec::media_type as mt;
 use cairn_spec::{sha256_digest, PlatformSpec};
@@ -122,8 +125,10 @@ pub fn commit_dir(
     dir: &Path,
     parent_chain: &[String],
 ) -> Result<Committed, CommitError> {
+    // Metadata only: the tar writer reads each file from the directory
+    // and the importer digests and stores it, once.
     let scan = ScanOptions {
-        store: Some(store),
+        metadata_only: true,
         ..ScanOptions::default()
     };
     let (mut tree, _) = scan_dir(dir, &scan).map_err(|source| CommitError::Scan {
@@ -135,7 +140,7 @@ pub fn commit_dir(
     let layer = std::thread::scope(|s| {
         let tree = &tree;
         let w = s.spawn(move || {
-            let r = write_tar(tree, store, &mut writer);
+            let r = write_tar_from(tree, TarContents::Dir(dir), &mut writer);
             drop(writer);
             r
         });
