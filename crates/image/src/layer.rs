@@ -240,7 +240,8 @@ pub fn import_layer(
         std::thread::scope(|s| {
             let q = pipeline::stream_queues();
             let (max_bytes, max_ratio) = (limits.max_layer_bytes, limits.max_ratio);
-            let decompressor = s.spawn(move || {
+            // Named, for `perf`, `top -H` and `ps -L`.
+            let decompressor = spawn_named(s, "cairn-decompress", move || {
                 pipeline::decompress(
                     blob,
                     declared,
@@ -250,7 +251,11 @@ pub fn import_layer(
                     q.tx,
                     q.free_rx,
                 )
-            });
+            })
+            .map_err(|e| LayerError::Invalid {
+                layer: layer.clone(),
+                reason: format!("starting the decompression thread: {e}"),
+            })?;
             let compression = match q.opened_rx.recv() {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => return Err(open_err(e)),
@@ -264,12 +269,22 @@ pub fn import_layer(
             let (objects, ends) = pipeline::Objects::new(workers);
             let (flush_tx, flush_rx) = std::sync::mpsc::sync_channel(1);
             let publisher = &publisher;
+            let thread_err = |what: &str, e: std::io::Error| LayerError::Invalid {
+                layer: layer.clone(),
+                reason: format!("starting {what}: {e}"),
+            };
             for (jobs, done, free) in ends {
                 let flush = flush_tx.clone();
-                s.spawn(move || pipeline::object_worker(publisher, jobs, done, free, flush));
+                spawn_named(s, "cairn-objects", move || {
+                    pipeline::object_worker(publisher, jobs, done, free, flush)
+                })
+                .map_err(|e| thread_err("an object worker", e))?;
             }
             drop(flush_tx);
-            s.spawn(move || pipeline::flusher(publisher, flush_rx));
+            spawn_named(s, "cairn-flush", move || {
+                pipeline::flusher(publisher, flush_rx)
+            })
+            .map_err(|e| thread_err("the flusher thread", e))?;
             let mut b = LayerBuilder::new(store, Some(objects), None)
                 .map_err(|e| store_err(&layer, "starting the layer record", e))?;
             // The chunks are the buffer: no BufReader (and no copy) between.
@@ -1037,4 +1052,15 @@ impl<'s> LayerBuilder<'s> {
             digest: Some(id.0),
         })
     }
+}
+
+/// A scoped thread with a name (what `ps -L` and `perf` show).
+fn spawn_named<'scope, 'env, T: Send + 'scope>(
+    s: &'scope std::thread::Scope<'scope, 'env>,
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'scope,
+) -> std::io::Result<std::thread::ScopedJoinHandle<'scope, T>> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn_scoped(s, f)
 }
