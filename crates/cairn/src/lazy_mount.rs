@@ -999,6 +999,14 @@ fn background(
         heads.push(*id);
     }
     drop(covered);
+    // Large (chunked) objects last: one the start opens before the list
+    // reaches it is then read chunk by chunk (answered as soon as the
+    // chunks it reads are in, the rest following), instead of waiting for
+    // the list's fetch of the whole object, which it would join.
+    let (mut heads, chunked): (Vec<ObjectId>, Vec<ObjectId>) = heads
+        .into_iter()
+        .partition(|id| source.chunks(id).is_none());
+    heads.extend(chunked);
     let mut given_up = fetch_all(bg, &heads, &local, digest);
     if bg.stopped() {
         return;
