@@ -27,13 +27,16 @@
 //!    the kernel ends the connection, which it does when the overlay is
 //!    unmounted (`cairn umount`, `umount`, anything): then it exits.
 //!
-//! Once serving, the server fetches the rest of the image in the
-//! background (`--lazy-fetch background`, the default): the artifact's
-//! prefetch list first, then every object in pack order, through the
-//! layer's own fetcher (so an open of an object being fetched joins that
-//! fetch, and opens never queue behind it), `BACKGROUND_JOBS` at a time.
-//! A failure is logged and retried with backoff; when every object is
-//! local the image is marked complete, as `cairn fetch` does.
+//! Once serving, the server fetches in the background, in every mode, the
+//! image's prefetch list (the artifact's list, or an eStargz image's files
+//! before its prefetch landmarks): `cairn pull --lazy` no longer does, so
+//! the container starts while the list comes. With `--lazy-fetch
+//! background` (the default) every other object follows in pack order;
+//! with `on-demand` nothing beyond the list and what is opened. Both go
+//! through the layer's own fetcher (so an open of an object being fetched
+//! joins that fetch, and opens never queue behind it), `BACKGROUND_JOBS`
+//! at a time. A failure is logged and retried with backoff; when every
+//! object is local the image is marked complete, as `cairn fetch` does.
 //!
 //! The server's log is `<store>/lazy/<name>.log`, removed when it exits
 //! after serving without a failed fetch. The server holds no store lock
@@ -55,20 +58,21 @@ use cairn_fuse::{FetchError, ObjectSource, ServeOptions};
 use cairn_remote::{EstargzObjects, RemoteObjects};
 use cairn_store::{ObjectId, StagedObject, Store};
 
-/// What is fetched besides what is opened.
+/// What is fetched besides what is opened. The prefetch list is fetched
+/// in the background once serving either way.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) enum LazyFetch {
-    /// Fetch the rest of the image in the background once serving.
+    /// Fetch the prefetch list, then the rest of the image, in the background once serving.
     #[default]
     Background,
-    /// Fetch only what is opened (with its neighbours).
+    /// Fetch the prefetch list in the background, otherwise only what is opened (with its neighbours).
     OnDemand,
 }
 
 /// The options of `--lazy` (mount and run).
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct LazyArgs {
-    /// With --lazy: fetch the rest of the image in the background once serving (prefetch list first, then pack order), or only what is opened.
+    /// With --lazy: once serving, fetch the image's prefetch list in the background, then the rest of the image in pack order (background), or nothing beyond the list and what is opened (on-demand).
     #[arg(long, value_enum, default_value = "background")]
     pub lazy_fetch: LazyFetch,
     /// With --lazy: an open of a missing file fails with EIO after this long without its data (e.g. 30s, 500ms, 2m; a bare number is seconds).
@@ -162,6 +166,10 @@ impl Remote {
 struct RemoteSource {
     remote: Remote,
     coalesce: u64,
+    /// The prefetch list's objects, once the background thread has it: a
+    /// fetch of one of them takes along only listed neighbours, so that
+    /// the list phase fetches the list and nothing else.
+    listed: std::sync::OnceLock<std::collections::HashSet<ObjectId>>,
 }
 
 impl ObjectSource for RemoteSource {
@@ -182,9 +190,21 @@ impl ObjectSource for RemoteSource {
 
     fn group(&self, store: &Store, id: &ObjectId) -> Vec<ObjectId> {
         match &self.remote {
-            Remote::Artifact(r) if self.coalesce > 0 => r
-                .neighbours(store, id, self.coalesce)
-                .unwrap_or_else(|_| vec![*id]),
+            Remote::Artifact(r) if self.coalesce > 0 => {
+                let mut group = r
+                    .neighbours(store, id, self.coalesce)
+                    .unwrap_or_else(|_| vec![*id]);
+                if let Some(listed) = self.listed.get().filter(|l| l.contains(id)) {
+                    // A run of the list (`cairn push` packs it first, in
+                    // its order): up to the first object not on it.
+                    let keep = group[1..]
+                        .iter()
+                        .position(|n| !listed.contains(n))
+                        .map_or(group.len(), |p| p + 1);
+                    group.truncate(keep);
+                }
+                group
+            }
             _ => vec![*id],
         }
     }
@@ -754,6 +774,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
         Arc::new(RemoteSource {
             remote,
             coalesce: settings.lazy.coalesce,
+            listed: std::sync::OnceLock::new(),
         })
     });
     let source: Arc<dyn ObjectSource> = match &remote {
@@ -820,14 +841,15 @@ fn worker(served: &mut Served, start: Start) -> i32 {
     let open_log = mount.open_log();
     let record = settings.lazy.record_prefetch.clone();
     let result = if told {
-        if let (LazyFetch::Background, Some(source)) = (settings.lazy.lazy_fetch, &remote) {
+        if let Some(source) = &remote {
             let bg = mount.background();
             let owned = digest.to_owned();
             let client = settings.client.clone();
+            let all = settings.lazy.lazy_fetch == LazyFetch::Background;
             let (store, source) = (store.clone(), source.clone());
             let spawned = std::thread::Builder::new()
                 .name("cairn-background".into())
-                .spawn(move || background(&store, &source, &bg, &owned, &client));
+                .spawn(move || background(&store, &source, &bg, &owned, &client, all));
             if let Err(e) = spawned {
                 eprintln!("cairn lazy layer for image {digest}: no background fetch: {e}");
             }
@@ -901,45 +923,58 @@ fn write_prefetch(store: &Store, digest: &str, opened: &[ObjectId], file: &Path)
     Ok(n)
 }
 
-/// The background fetch: every object of the image into the store, the
-/// prefetch list first, then pack order, `BACKGROUND_JOBS` at a time
-/// through the layer's fetcher; then the image is marked complete. An
+/// The background fetch, started once serving, in every mode: first the
+/// image's prefetch list (the files a recorded start opened), a run of
+/// listed neighbours a request (and no unlisted one); then, if `all`
+/// (`--lazy-fetch background`), every other object in pack order, and the
+/// image is marked complete. `BACKGROUND_JOBS` at a time through the
+/// layer's fetcher: opens have their own slots and never wait behind
+/// these, and an open of an object fetched here joins that fetch. An
 /// object that fails is retried with backoff (1 s doubling to 60 s), up
 /// to `ATTEMPTS` times; the image then stays incomplete. Stops when the
-/// layer goes away.
+/// layer goes away. Logs one line for the list, nothing per object that
+/// succeeds.
 fn background(
     store: &Arc<Store>,
     source: &Arc<RemoteSource>,
     bg: &cairn_fuse::Background,
     digest: &str,
     client: &cairn_oci::ClientOptions,
+    all: bool,
 ) {
-    const ATTEMPTS: u32 = 8;
-    let (mut order, rest) = match &source.remote {
-        Remote::Artifact(r) => match r.prefetch_list() {
-            Ok(list) => (list, r.pack_order()),
-            Err(e) => {
-                eprintln!(
-                    "cairn lazy layer for image {digest}: the prefetch list: {e}; going on \
-                     without it"
-                );
-                (Vec::new(), r.pack_order())
+    let began = std::time::Instant::now();
+    let (mut list, mut rest) = match &source.remote {
+        Remote::Artifact(r) => {
+            let rest = if all { r.pack_order() } else { Vec::new() };
+            match r.prefetch_list() {
+                Ok(list) => (list, rest),
+                Err(e) => {
+                    eprintln!(
+                        "cairn lazy layer for image {digest}: the prefetch list: {e}; going on \
+                         without it"
+                    );
+                    (Vec::new(), rest)
+                }
             }
-        },
-        // The files before each layer's prefetch landmark first.
-        Remote::Estargz(e) => (e.prefetch_order().to_vec(), e.all_files().to_vec()),
-    };
-    let mut seen: std::collections::HashSet<ObjectId> = order.iter().copied().collect();
-    for id in rest {
-        if seen.insert(id) {
-            order.push(id);
         }
-    }
+        // The files before each layer's prefetch landmark.
+        Remote::Estargz(e) => (
+            e.prefetch_order().to_vec(),
+            if all {
+                e.all_files().to_vec()
+            } else {
+                Vec::new()
+            },
+        ),
+    };
     if let Remote::Estargz(_) = &source.remote {
         // The TOCs list files that upper layers delete: only what the
         // image uses.
         match store.image_contents(digest) {
-            Ok(c) => order.retain(|id| c.objects.contains_key(id)),
+            Ok(c) => {
+                list.retain(|id| c.objects.contains_key(id));
+                rest.retain(|id| c.objects.contains_key(id));
+            }
             Err(e) => {
                 eprintln!("cairn lazy layer for image {digest}: no background fetch: {e}");
                 return;
@@ -947,57 +982,65 @@ fn background(
         }
     }
     let local = |id: &ObjectId| source.local_id(id).is_some_and(|l| store.has_object(&l));
-    drop(seen);
-    let next = AtomicUsize::new(0);
-    let given_up = AtomicUsize::new(0);
-    let job = || loop {
-        if bg.stopped() {
-            return;
+    let mut seen: std::collections::HashSet<ObjectId> = list.iter().copied().collect();
+    let _ = source.listed.set(seen.clone());
+    // The list phase fetches each run of listed neighbours once, by its
+    // first object: two jobs never start on the same run.
+    let mut heads = Vec::new();
+    let mut covered = std::collections::HashSet::new();
+    let mut listed_missing = 0usize;
+    for id in &list {
+        if covered.contains(id) || local(id) {
+            continue;
         }
-        let Some(id) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
-            return;
-        };
-        let mut wait = Duration::from_secs(1);
-        for attempt in 1..=ATTEMPTS {
-            if local(id) || bg.stopped() {
-                break;
-            }
-            match bg.fetch(id) {
-                Ok(()) => break,
-                Err(e) if bg.stopped() => {
-                    let _ = e;
-                    return;
-                }
-                Err(e) => {
-                    eprintln!(
-                        "cairn lazy layer for image {digest}: background fetch of object {id} \
-                         (attempt {attempt} of {ATTEMPTS}): {e}"
-                    );
-                    if attempt == ATTEMPTS {
-                        given_up.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        std::thread::sleep(wait);
-                        wait = (wait * 2).min(Duration::from_secs(60));
-                    }
-                }
-            }
-        }
-    };
-    std::thread::scope(|s| {
-        for _ in 1..BACKGROUND_JOBS {
-            s.spawn(job);
-        }
-        job();
-    });
+        listed_missing += 1;
+        covered.extend(source.group(store, id));
+        covered.insert(*id);
+        heads.push(*id);
+    }
+    drop(covered);
+    // Large (chunked) objects last: one the start opens before the list
+    // reaches it is then read chunk by chunk (answered as soon as the
+    // chunks it reads are in, the rest following), instead of waiting for
+    // the list's fetch of the whole object, which it would join.
+    let (mut heads, chunked): (Vec<ObjectId>, Vec<ObjectId>) = heads
+        .into_iter()
+        .partition(|id| source.chunks(id).is_none());
+    heads.extend(chunked);
+    let mut given_up = fetch_all(bg, &heads, &local, digest);
     if bg.stopped() {
         return;
     }
+    if !list.is_empty() {
+        let still = list.iter().filter(|id| !local(id)).count();
+        eprintln!(
+            "cairn lazy layer for image {digest}: prefetch list: {} of {} objects local after \
+             {:.2} s ({listed_missing} were missing{})",
+            list.len() - still,
+            list.len(),
+            began.elapsed().as_secs_f64(),
+            if still > 0 {
+                format!("; {still} still missing")
+            } else {
+                String::new()
+            }
+        );
+    }
+    if !all {
+        return;
+    }
+    rest.retain(|id| seen.insert(*id));
+    drop(seen);
+    given_up += fetch_all(bg, &rest, &local, digest);
+    if bg.stopped() {
+        return;
+    }
+    let order: Vec<ObjectId> = list.into_iter().chain(rest).collect();
     let missing = order.iter().filter(|id| !local(id)).count();
     if missing > 0 {
         eprintln!(
             "cairn lazy layer for image {digest}: background fetch done; {missing} objects still \
-             missing ({} given up on); the image stays incomplete",
-            given_up.load(Ordering::Relaxed)
+             missing ({given_up} given up on); the image stays incomplete"
         );
         return;
     }
@@ -1037,6 +1080,58 @@ fn background(
         ),
         Err(e) => eprintln!("cairn lazy layer for image {digest}: marking the image complete: {e}"),
     }
+}
+
+/// Fetches `ids` in order through the layer's fetcher, `BACKGROUND_JOBS`
+/// at a time, each retried with backoff (1 s doubling to 60 s) up to
+/// `ATTEMPTS` times; stops when the layer goes away. Returns how many
+/// were given up on. Logs failures only.
+fn fetch_all(
+    bg: &cairn_fuse::Background,
+    ids: &[ObjectId],
+    local: &(dyn Fn(&ObjectId) -> bool + Sync),
+    digest: &str,
+) -> usize {
+    const ATTEMPTS: u32 = 8;
+    let next = AtomicUsize::new(0);
+    let given_up = AtomicUsize::new(0);
+    let job = || loop {
+        if bg.stopped() {
+            return;
+        }
+        let Some(id) = ids.get(next.fetch_add(1, Ordering::Relaxed)) else {
+            return;
+        };
+        let mut wait = Duration::from_secs(1);
+        for attempt in 1..=ATTEMPTS {
+            if local(id) || bg.stopped() {
+                break;
+            }
+            match bg.fetch(id) {
+                Ok(()) => break,
+                Err(_) if bg.stopped() => return,
+                Err(e) => {
+                    eprintln!(
+                        "cairn lazy layer for image {digest}: background fetch of object {id} \
+                         (attempt {attempt} of {ATTEMPTS}): {e}"
+                    );
+                    if attempt == ATTEMPTS {
+                        given_up.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        std::thread::sleep(wait);
+                        wait = (wait * 2).min(Duration::from_secs(60));
+                    }
+                }
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..BACKGROUND_JOBS.min(ids.len().max(1)) {
+            s.spawn(job);
+        }
+        job();
+    });
+    given_up.into_inner()
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd)> {

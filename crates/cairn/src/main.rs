@@ -126,7 +126,7 @@ enum Command {
         /// The remote path pulls every image in full, even where it has a cairn lazy artifact.
         #[arg(long)]
         no_lazy: bool,
-        /// For images pulled lazily: fetch the rest of the image in the background once a container's rootfs stands on it, or only what is read.
+        /// For images pulled lazily: once a container's rootfs stands on the image, fetch its prefetch list in the background, then the rest of it (background), or nothing beyond the list and what is read (on-demand).
         #[arg(long, value_enum, default_value = "background")]
         lazy_fetch: lazy_mount::LazyFetch,
         /// For images pulled lazily: an open of a missing file fails with EIO after this long without its data.

@@ -1202,3 +1202,212 @@ fn privileged_lazy_mount_reads_local_files_without_its_server() {
     drop(m);
     support::assert_fsck_clean(&l.b, "after reads from the store and the lazy layer");
 }
+
+/// The object ids (hex) of the image's files at `paths`, from the dump of
+/// the image in the store at `root`.
+fn object_ids(root: &Path, image: &str, paths: &[&str]) -> Vec<String> {
+    let dump = cairn_ok(root, &["dump", image]);
+    paths
+        .iter()
+        .map(|p| {
+            dump.lines()
+                .find_map(|l| {
+                    let f: Vec<&str> = l.split(' ').collect();
+                    (f[0] == *p && f.len() > 8 && f[8].len() == 65).then(|| f[8].replace('/', ""))
+                })
+                .unwrap_or_else(|| panic!("{p} is not a file backed by an object:\n{dump}"))
+        })
+        .collect()
+}
+
+/// Which of `ids` are in the store at `root`.
+fn local_ids(root: &Path, ids: &[String]) -> usize {
+    ids.iter()
+        .filter(|h| root.join("objects").join(&h[..2]).join(&h[2..]).exists())
+        .count()
+}
+
+/// Issue 13, point 2: the prefetch list is fetched after the start, not
+/// before it. `cairn pull --lazy` of an image whose artifact has a list
+/// fetches no object (the metadata only); a `cairn mount --lazy
+/// --lazy-fetch on-demand` of it makes every listed object local with
+/// nothing opening them, and nothing beyond the list; while the list comes
+/// through a slow link, a read of an unlisted file is answered before the
+/// list is done (its fetch does not queue behind it). `--prefetch` still
+/// fetches the list at pull time.
+#[test]
+fn privileged_lazy_mount_fetches_the_prefetch_list_in_the_background_after_the_pull() {
+    require_root();
+    let reg = LocalRegistry::start();
+    let reference = push_runnable(&reg, "lazy/list");
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-lazy-list")
+        .tempdir()
+        .unwrap();
+    let a = dir.path().join("a");
+    cairn_ok(&a, &["pull", "-q", &reference]);
+    // What a start would read: busybox (two chunks), and the larger data
+    // files (incompressible: they take a while through the slow proxy).
+    let paths = [
+        "/busybox/busybox",
+        "/data/read-me.txt",
+        "/data/read-me.bin",
+        "/data/never-read.bin",
+    ];
+    let listed = object_ids(&a, &reference, &paths);
+    let list = dir.path().join("prefetch.txt");
+    fs::write(&list, paths.join("\n") + "\n").unwrap();
+    cairn_ok(
+        &a,
+        &[
+            "push",
+            "-q",
+            "--prefetch",
+            list.to_str().unwrap(),
+            &reference,
+            &reg.reference("lazy/list:1-lazy"),
+        ],
+    );
+    let total = objects_in(&a);
+    let proxy = SlowProxy::start(&reg.addr, 16 << 10);
+    let via = reference.replace(&reg.addr, &proxy.addr);
+
+    // The pull: metadata only, no object.
+    let (b, c, d) = (
+        dir.path().join("b"),
+        dir.path().join("c"),
+        dir.path().join("d"),
+    );
+    let before = proxy.bytes_down();
+    let pulled: serde_json::Value =
+        serde_json::from_str(&cairn_ok(&b, &["--json", "pull", "--lazy", &via])).unwrap();
+    let pull_bytes = proxy.bytes_down() - before;
+    assert_eq!(pulled["prefetched"], 0, "{pulled:#}");
+    assert_eq!(pulled["objects_local"], 0, "{pulled:#}");
+    assert_eq!(objects_in(&b), 0, "the lazy pull fetched objects");
+    assert!(
+        pull_bytes < 500_000,
+        "the lazy pull fetched {pull_bytes} bytes (the listed objects are over 2 MB)"
+    );
+
+    // A mount, on demand, with nothing read: the list comes, and nothing
+    // else.
+    let target = dir.path().join("mnt-b");
+    fs::create_dir_all(&target).unwrap();
+    cairn_ok(
+        &b,
+        &[
+            Path::new("mount"),
+            Path::new("--lazy"),
+            Path::new("--lazy-fetch"),
+            Path::new("on-demand"),
+            Path::new(&via),
+            &target,
+        ],
+    );
+    let mounted = Mounted {
+        root: b.clone(),
+        target,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while local_ids(&b, &listed) < listed.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} listed objects local after 30 s; logs: {}",
+            local_ids(&b, &listed),
+            listed.len(),
+            lazy_logs(&b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Anything beyond the list would come with the list's requests.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        objects_in(&b),
+        listed.len(),
+        "objects beyond the list were fetched ({total} in the image)"
+    );
+    drop(mounted);
+
+    // The same through a slow link: an unlisted file read while the list
+    // is still coming is answered before the list is done.
+    cairn_ok(&c, &["pull", "-q", "--lazy", &via]);
+    proxy.set_delay(std::time::Duration::from_millis(25));
+    let flowing = proxy.bytes_down();
+    let target = dir.path().join("mnt-c");
+    fs::create_dir_all(&target).unwrap();
+    cairn_ok(
+        &c,
+        &[
+            Path::new("mount"),
+            Path::new("--lazy"),
+            Path::new("--lazy-fetch"),
+            Path::new("on-demand"),
+            Path::new(&via),
+            &target,
+        ],
+    );
+    let mounted = Mounted {
+        root: c.clone(),
+        target: target.clone(),
+    };
+    // Once the list is under way (its bytes flowing), read.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while proxy.bytes_down() - flowing < 100_000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the list is not fetched; logs: {}",
+            lazy_logs(&c)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let start = std::time::Instant::now();
+    let file = "data/unread-05.txt";
+    let got = fs::read(target.join(file)).unwrap();
+    let took = start.elapsed();
+    let listed_then = local_ids(&c, &listed);
+    assert_eq!(
+        got,
+        support::images::text(2_005, 105),
+        "{file} read wrong through the lazy mount"
+    );
+    assert!(
+        listed_then < listed.len(),
+        "the list was done ({listed_then} of {}) before the read of an unlisted file was \
+         answered ({took:?}): it queued behind the list",
+        listed.len()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while local_ids(&c, &listed) < listed.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} listed objects local after 60 s on the slow link; logs: {}",
+            local_ids(&c, &listed),
+            listed.len(),
+            lazy_logs(&c)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let list_took = start.elapsed();
+    assert!(
+        took < list_took,
+        "the read took {took:?}, the list {list_took:?}"
+    );
+    println!("unlisted read answered in {took:?}; the list was local after {list_took:?}");
+    drop(mounted);
+    proxy.set_delay(std::time::Duration::ZERO);
+
+    // `--prefetch`: the list at pull time, as before.
+    let pulled: serde_json::Value = serde_json::from_str(&cairn_ok(
+        &d,
+        &["--json", "pull", "--lazy", "--prefetch", &via],
+    ))
+    .unwrap();
+    assert_eq!(pulled["prefetched"].as_u64(), Some(listed.len() as u64));
+    assert_eq!(local_ids(&d, &listed), listed.len());
+    assert_eq!(objects_in(&d), listed.len());
+    // `--no-prefetch` is still accepted (and is the default).
+    cairn_ok(&d, &["pull", "-q", "--lazy", "--no-prefetch", &via]);
+    support::assert_fsck_clean(&b, "after the list fetched by a lazy mount");
+    support::assert_fsck_clean(&c, "after the list fetched on a slow link");
+}

@@ -1831,3 +1831,147 @@ fn privileged_snapshotter_sigterm_during_a_remote_pull() {
     assert_eq!(log().matches("pulled by cairn").count(), 5, "{}", log());
     cairn_ok_at(&store, &["fsck"]);
 }
+
+/// The lazy remote path with a prefetch list (issue 13, point 2): the
+/// pull (every layer's Prepare and commit) fetches the metadata only, no
+/// object and no pack; a `ctr run` of `/busybox/busybox true` (which reads
+/// busybox alone) makes every listed object local, as the chain mount's
+/// lazy server fetches the list in the background, also with
+/// `--lazy-fetch on-demand`. containerd 1.6.
+#[test]
+fn privileged_snapshotter_lazy_remote_pull_fetches_the_prefetch_list_after_the_pull() {
+    require_root();
+    let v = Ctd::V16;
+    let rpull = build_rpull(v);
+    let reg = LocalRegistry::start();
+    let direct = push_image(&reg);
+    let upstream = direct.split('/').next().unwrap().to_owned();
+    // The artifact, with busybox and two more files on its prefetch list.
+    let scratch = tempfile::Builder::new()
+        .prefix("cairn-lazy-src-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let src = scratch.path().join("store");
+    support::cairn_ok(&src, &["pull", "-q", &direct]);
+    let dump = support::cairn_ok(&src, &["dump", &direct]);
+    let backed: Vec<(String, String)> = dump
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 8 && f[8].len() == 65 && f[8].as_bytes()[2] == b'/')
+                .then(|| (f[0].to_owned(), f[8].replace('/', "")))
+        })
+        .collect();
+    let mut listed: Vec<(String, String)> = backed
+        .iter()
+        .filter(|(p, _)| p == "/busybox/busybox")
+        .cloned()
+        .collect();
+    assert_eq!(listed.len(), 1, "{dump}");
+    let busybox = listed[0].1.clone();
+    listed.extend(
+        backed
+            .iter()
+            .filter(|(_, h)| *h != busybox)
+            .take(2)
+            .cloned(),
+    );
+    assert_eq!(listed.len(), 3, "{dump}");
+    let list = scratch.path().join("prefetch.txt");
+    std::fs::write(
+        &list,
+        listed
+            .iter()
+            .map(|(p, _)| format!("{p}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
+    support::cairn_ok(
+        &src,
+        &[
+            "push",
+            "-q",
+            "--prefetch",
+            list.to_str().unwrap(),
+            &direct,
+            &format!("{upstream}/{REPO}:{TAG}-lazy"),
+        ],
+    );
+    let packs: BTreeSet<String> = manifest_at(&upstream, &format!("{TAG}-lazy"))["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.pack")
+        .map(|l| l["digest"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!packs.is_empty());
+    let proxy = CountingProxy::start(&upstream);
+    let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
+    let ds = Daemons::start_with(v, &["--lazy-fetch", "on-demand"]);
+    let log = || std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default();
+    let o = Command::new(&rpull)
+        .arg(ds.dir.path().join("containerd.sock"))
+        .args([v.namespace(), "cairn", &reference])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "rpull: {}{}\nsnapshotter log:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        log()
+    );
+    assert_eq!(
+        log().matches("pulled lazily by cairn").count(),
+        5,
+        "{}",
+        log()
+    );
+    let store = ds.dir.path().join("store");
+    let local = || {
+        listed
+            .iter()
+            .filter(|(_, h)| store.join("objects").join(&h[..2]).join(&h[2..]).exists())
+            .count()
+    };
+    let stored = || {
+        std::fs::read_dir(store.join("objects"))
+            .map(|d| {
+                d.flatten()
+                    .flat_map(|f| std::fs::read_dir(f.path()).unwrap().flatten())
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let pack_gets = || {
+        proxy
+            .blob_gets()
+            .into_iter()
+            .filter(|(_, d)| packs.contains(d))
+            .count()
+    };
+    assert_eq!(pack_gets(), 0, "packs fetched by the pull");
+    assert_eq!(stored(), 0, "objects stored by the pull");
+
+    let out = ds.ctr(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "cairn",
+        &reference,
+        "list-1",
+        "/busybox/busybox",
+        "true",
+    ]);
+    assert!(out.is_empty(), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while local() < listed.len() {
+        assert!(
+            Instant::now() < deadline,
+            "{} of the listed {listed:?} local 30 s after the run",
+            local()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(pack_gets() > 0);
+}

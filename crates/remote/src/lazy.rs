@@ -36,7 +36,10 @@ pub struct LazyPullOptions {
     /// The name to give the image.
     pub name: Option<String>,
     /// Fetch the objects of the artifact's prefetch list (if it has one)
-    /// before returning.
+    /// before returning (`cairn pull --lazy --prefetch`: warming a node
+    /// ahead of its starts). Off by default: a lazy mount's server fetches
+    /// the list in the background once it serves, while the container
+    /// starts (docs/lazy-fuse.md, "The prefetch list").
     pub prefetch: bool,
     /// For the prefetch list: neighbouring objects of a pack in one
     /// request up to this many bytes, and this many requests in flight.
@@ -50,7 +53,7 @@ impl Default for LazyPullOptions {
             client: ClientOptions::default(),
             platform: None,
             name: None,
-            prefetch: true,
+            prefetch: false,
             coalesce: crate::fetch::FetchOptions::default().coalesce,
             jobs: crate::fetch::FetchOptions::default().jobs,
         }

@@ -127,8 +127,12 @@ pub fn pull_layer_lazy(
 ) -> Result<LazyPulled, String> {
     let reference = ImageRef::parse(&req.image_ref)
         .map_err(|e| format!("image ref {:?}: {e}", req.image_ref))?;
+    // Metadata only: Prepare answers once the image is in; the chain
+    // mount's lazy server fetches the prefetch list in the background
+    // (docs/snapshotter.md, "The lazy remote path").
     let opts = cairn_remote::LazyPullOptions {
         name: None,
+        prefetch: false,
         ..cairn_remote::LazyPullOptions::default()
     };
     let report = cairn_remote::pull_lazy(store, &reference, &opts)
