@@ -455,6 +455,11 @@ fn referrers_api_and_a_registry_that_ignores_range() {
         0,
         "the tag schema was consulted although the registry has the API"
     );
+    assert_eq!(
+        fake.count(|r| r.path.ends_with("/manifests/full")),
+        1,
+        "the tag's manifest is asked for once"
+    );
     let fetched = json(&b, &["fetch", &via]);
     assert_eq!(fetched["fetched_objects"], pulled["objects"], "{fetched:#}");
     assert_fsck_clean(&b, "after a fetch from a registry that ignores Range");

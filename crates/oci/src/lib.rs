@@ -37,9 +37,10 @@ pub mod spec;
 /// sources so that a pull and an import read them alike.
 pub use cairn_spec::{digest, platform};
 pub use cairn_spec::{Digest, PlatformSpec};
-pub use client::{ClientOptions, Registry};
+pub use client::{ClientOptions, FetchedManifest, Registry};
 pub use error::PullError;
 pub use pull::{
-    pull, resolve, LayerReport, PullEvent, PullObserver, PullOptions, PullReport, Resolved,
+    pull, resolve, resolve_fetched, LayerReport, PullEvent, PullObserver, PullOptions, PullReport,
+    Resolved,
 };
 pub use reference::ImageRef;

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use crate::client::{BlobEvent, BodySize, ClientOptions, Registry};
+use crate::client::{BlobEvent, BodySize, ClientOptions, FetchedManifest, Registry};
 use crate::digest::Digest;
 use crate::platform::{self, PlatformSpec};
 use crate::reference::ImageRef;
@@ -64,16 +64,29 @@ pub fn resolve(
     r: &ImageRef,
     platform: Option<&PlatformSpec>,
 ) -> Result<Resolved, PullError> {
-    let display = r.to_string();
-    let repo = &r.repository;
-    let what = format!("manifest {display}");
     let fetched = reg.fetch_manifest(
-        repo,
+        &r.repository,
         &r.manifest_reference(),
         &media_type::MANIFEST_ACCEPT,
         BodySize::AtMost(MAX_MANIFEST_SIZE),
-        &display,
+        &r.to_string(),
     )?;
+    resolve_fetched(reg, r, platform, fetched)
+}
+
+/// [`resolve`] from `r`'s top manifest or index, already fetched (by its
+/// tag or digest, with [`media_type::MANIFEST_ACCEPT`]) by the caller:
+/// `cairn pull --lazy` reads it first to see whether it is a cairn
+/// artifact, and does not ask the registry for it twice.
+pub fn resolve_fetched(
+    reg: &Registry,
+    r: &ImageRef,
+    platform: Option<&PlatformSpec>,
+    fetched: FetchedManifest,
+) -> Result<Resolved, PullError> {
+    let display = r.to_string();
+    let repo = &r.repository;
+    let what = format!("manifest {display}");
     let mut bytes = fetched.bytes;
     let mut digest = Digest::of(&bytes);
     if let Some(pinned) = &r.digest {

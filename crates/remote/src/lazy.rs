@@ -141,15 +141,12 @@ fn find_artifact(
 ) -> Result<Lookup, RemoteError> {
     let display = r.to_string();
     let repo = &r.repository;
+    // Read once: an artifact is used as it is, anything else is resolved
+    // from these bytes as `cairn pull` resolves it.
     let top = reg.fetch_manifest(
         repo,
         &r.manifest_reference(),
-        &[
-            media_type::OCI_INDEX,
-            media_type::OCI_MANIFEST,
-            media_type::DOCKER_MANIFEST_LIST,
-            media_type::DOCKER_MANIFEST,
-        ],
+        &media_type::MANIFEST_ACCEPT,
         BodySize::AtMost(MAX_MANIFEST_SIZE),
         &display,
     )?;
@@ -186,8 +183,11 @@ fn find_artifact(
             source,
         }));
     }
-    let resolved = cairn_oci::resolve(reg, r, platform)?;
-    *fetched += resolved.manifest_bytes.len() as u64;
+    let resolved = cairn_oci::resolve_fetched(reg, r, platform, top)?;
+    if resolved.index_digest.is_some() {
+        // Chosen from an index: the platform's manifest was fetched too.
+        *fetched += resolved.manifest_bytes.len() as u64;
+    }
     let subject = &resolved.manifest_digest;
     let (listed, how) = match reg.referrers(repo, subject, Some(media_type::CAIRN_LAZY_ARTIFACT))? {
         Referrers::Index(bytes) => {
