@@ -640,8 +640,10 @@ fn ctr_pull_and_run(v: Ctd) {
     assert_eq!(again, outputs[1], "after cairn gc");
     cairn_ok_at(&store, &["fsck"]);
 
-    // Every container and view is gone: once containerd's own gc has
-    // removed their snapshots, no chain image is mounted any more.
+    // Every container and view is gone; the image's top chain stays
+    // mounted (for the next container) until the image's snapshots go.
+    // The chains mounted to unpack the layers above them went as those
+    // were committed.
     let chains = format!("{}/", store.join("snapshots/chains").display());
     let chain_mounts = || {
         std::fs::read_to_string("/proc/self/mountinfo")
@@ -652,15 +654,40 @@ fn ctr_pull_and_run(v: Ctd) {
             .map(str::to_owned)
             .collect::<Vec<_>>()
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !chain_mounts().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    assert_eq!(
+        chain_mounts().len(),
+        1,
+        "chain mounts: {:?}",
+        chain_mounts()
+    );
+    wait_for_image_removal(&ds, &[&reference]);
     assert_eq!(
         chain_mounts(),
         Vec::<String>::new(),
-        "chain images left mounted"
+        "chain images left mounted after the image's removal"
     );
+}
+
+/// `ctr images rm --sync` of `references` (every name of the image's
+/// manifest: its config blob's gc labels keep the snapshots of every
+/// snapshotter), then waits until cairn has no snapshot left (containerd's
+/// gc removes them).
+fn wait_for_image_removal(ds: &Daemons, references: &[&str]) {
+    let mut args = vec!["images", "rm", "--sync"];
+    args.extend(references);
+    ds.ctr(&args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
+        if listed.lines().nth(1).is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "snapshots left after the image's removal: {listed}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Restart safety: a container started with cairn keeps running, its root
@@ -1340,9 +1367,11 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
         log(&ds)
     );
     ds.ctr(&["snapshots", "--snapshotter", "cairn", "rm", "on-the-second"]);
-    // No container and no snapshot on the layers left: the chain mounts
-    // go (containerd removes snapshots in its background gc), and the lazy
-    // servers with them (a supervisor removes its pid file as it exits).
+    // The image removed (under both its names: the same manifest): its
+    // snapshots go (containerd's gc removes them), the chain mounts with
+    // them, and the lazy servers with those (a supervisor removes its pid
+    // file as it exits).
+    wait_for_image_removal(&ds, &[&reference, &direct]);
     let store = ds.dir.path().join("store");
     let servers = || {
         std::fs::read_dir(store.join("lazy"))
@@ -1662,27 +1691,63 @@ fn estargz_lazy_remote_pull(v: Ctd) {
         "objects stored: the files read (busybox, msg, new)"
     );
 
-    // The container is gone: so is its chain mount and the lazy server.
+    // The container is gone, its chain mount and lazy server are not: the
+    // image's top snapshot keeps them, and the next container of the
+    // image starts on the same mount, served by the same process.
     let chains = format!("{}/", store.join("snapshots/chains").display());
+    // (mount id, mount point) of the chain mounts.
     let mounted = || {
         std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap()
             .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&chains))
-            .map(str::to_owned)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (f.len() > 4 && f[4].starts_with(&chains))
+                    .then(|| (f[0].to_owned(), f[4].to_owned()))
+            })
             .collect::<Vec<_>>()
     };
+    // (pid file, supervisor and worker lines) of the lazy servers.
     let servers = || {
         std::fs::read_dir(store.join("lazy"))
             .map(|d| {
                 d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.ends_with(".pid"))
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".pid"))
+                    .map(|e| {
+                        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                        let pids: Vec<&str> = text
+                            .lines()
+                            .filter(|l| l.starts_with("supervisor ") || l.starts_with("worker "))
+                            .collect();
+                        (
+                            e.file_name().to_string_lossy().into_owned(),
+                            pids.join(", "),
+                        )
+                    })
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default()
     };
+    let (mounts, served) = (mounted(), servers());
+    assert_eq!(
+        mounts.len(),
+        1,
+        "chain mounts after ctr run --rm: {mounts:?}"
+    );
+    assert_eq!(
+        served.len(),
+        1,
+        "lazy servers after ctr run --rm: {served:?}"
+    );
+    args[5] = "esgz-2";
+    assert_eq!(
+        ds.ctr(&args),
+        expected,
+        "the second container prints differently"
+    );
+    assert_eq!(mounted(), mounts, "the second container's chain mount");
+    assert_eq!(servers(), served, "the second container's lazy server");
+    lap("a second container on the same chain mount and server");
     let released = |what: &str| {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !servers().is_empty() || !mounted().is_empty() {
@@ -1695,24 +1760,10 @@ fn estargz_lazy_remote_pull(v: Ctd) {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
-    released("after ctr run --rm");
-    lap("released");
     // The image removed from containerd: its snapshots go (containerd's gc
     // removes them), and with them the refs that kept the image in the
     // store; cairn's gc then frees it.
-    ds.ctr(&["images", "rm", "--sync", &reference]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
-        if listed.lines().nth(1).is_none() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "snapshots left after the image's removal: {listed}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_image_removal(&ds, &[&reference]);
     released("after the image's removal");
     let images = support::cairn_ok(&store, &["images"]);
     assert!(!images.contains("containerd-snapshot-"), "{images}");

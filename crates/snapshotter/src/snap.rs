@@ -541,13 +541,43 @@ impl Snapshotter {
         .map_err(|e| SnapError::Internal(format!("mounting chain image {img}: {e}")))
     }
 
-    /// Unmounts `chains/<img>` if no active or view snapshot uses it.
-    fn release_chain(&self, img: &str) {
-        let used = self
+    /// Whether `chains/<img>` stays mounted: an active or view snapshot
+    /// is on it, or it is the chain image of a committed snapshot at the
+    /// top of its chain (no committed child; an intermediate layer pulled
+    /// lazily names the whole image, not its chain, and does not count).
+    /// Intermediate chains mounted to unpack the layer above them go once
+    /// that layer is committed; an image's top stays mounted between
+    /// containers until the image's snapshots are removed
+    /// (docs/snapshotter.md, "Mounts").
+    fn chain_kept(&self, img: &str) -> bool {
+        let mut tops = Vec::new();
+        for r in self.meta.records() {
+            match (&r.kind, &r.layer) {
+                (Kind::Committed, Some(l))
+                    if l.image == img && !l.lazy.as_ref().is_some_and(|z| z.partial) =>
+                {
+                    tops.push(r.key.as_str())
+                }
+                (Kind::Committed, _) => {}
+                _ if r.parent_image.as_deref() == Some(img) => return true,
+                _ => {}
+            }
+        }
+        if tops.is_empty() {
+            return false;
+        }
+        let parents: HashSet<&str> = self
             .meta
             .records()
-            .any(|r| r.kind != Kind::Committed && r.parent_image.as_deref() == Some(img));
-        if used {
+            .filter(|c| c.kind == Kind::Committed)
+            .filter_map(|c| c.parent.as_deref())
+            .collect();
+        tops.iter().any(|k| !parents.contains(k))
+    }
+
+    /// Unmounts `chains/<img>` unless [`Self::chain_kept`].
+    fn release_chain(&self, img: &str) {
+        if self.chain_kept(img) {
             return;
         }
         let target = self.chain_dir(img);
@@ -718,6 +748,7 @@ impl Snapshotter {
             self.release_chain(img);
         }
         if let Some(l) = &r.layer {
+            self.release_chain(&l.image);
             if let Err(e) = self.store.remove_ref(&l.ref_name) {
                 tracing::warn!("removing ref {}: {e}", l.ref_name);
             }
@@ -790,7 +821,7 @@ impl Snapshotter {
     }
 
     /// Removes snapshot directories no record names, and unmounts chain
-    /// images no active or view snapshot uses.
+    /// images nothing keeps (see [`Self::chain_kept`]).
     pub fn cleanup(&mut self) -> Result<(), SnapError> {
         let ids: HashSet<u64> = self.meta.records().map(|r| r.id).collect();
         for e in fs::read_dir(&self.dir).map_err(internal(self.dir.display()))? {
@@ -1168,6 +1199,86 @@ mod tests {
         s.remove("c").unwrap();
         assert!(s.store.get_ref(&layer.ref_name).unwrap().is_none());
         assert!(matches!(s.remove("c"), Err(SnapError::NotFound(_))));
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::*;
+
+    fn put(s: &mut Snapshotter, key: &str, kind: Kind, parent: Option<&str>, image: &str) {
+        let id = s.meta.allocate_id();
+        let committed = kind == Kind::Committed;
+        let rec = Record {
+            format: RECORD_FORMAT,
+            id,
+            key: key.to_owned(),
+            kind,
+            parent: parent.map(str::to_owned),
+            parent_image: (!committed).then(|| image.to_owned()),
+            labels: BTreeMap::new(),
+            created: Time::now(),
+            updated: Time::now(),
+            layer: committed.then(|| Layer {
+                diff_id: format!("d-{key}"),
+                chain: Vec::new(),
+                image: image.to_owned(),
+                ref_name: format!("{REF_PREFIX}{id}"),
+                size: 0,
+                entries: 0,
+                lazy: None,
+            }),
+        };
+        s.meta.put(rec, None).unwrap();
+    }
+
+    /// What keeps a chain mount (no mount needed: the rule reads the
+    /// records): an active or view snapshot on it, or its committed
+    /// snapshot while that is the top of its chain; an intermediate
+    /// chain only while a snapshot is on it.
+    #[test]
+    fn what_keeps_a_chain_mount() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Snapshotter::open(d.path()).unwrap();
+        put(&mut s, "l1", Kind::Committed, None, "i1");
+        put(&mut s, "l2", Kind::Committed, Some("l1"), "i2");
+        assert!(!s.chain_kept("i1"), "an intermediate layer's chain");
+        assert!(s.chain_kept("i2"), "the top's chain");
+        put(&mut s, "unpack", Kind::Active, Some("l1"), "i1");
+        assert!(s.chain_kept("i1"), "an active snapshot on it");
+        s.meta.remove("unpack").unwrap();
+        put(&mut s, "c1", Kind::Active, Some("l2"), "i2");
+        put(&mut s, "v1", Kind::View, Some("l2"), "i2");
+        s.meta.remove("c1").unwrap();
+        s.meta.remove("v1").unwrap();
+        assert!(s.chain_kept("i2"), "the top's chain, no container left");
+        // A container committed as an image: the top has a committed
+        // child, its chain is an intermediate one now.
+        put(&mut s, "l3", Kind::Committed, Some("l2"), "i3");
+        assert!(!s.chain_kept("i2"));
+        s.meta.remove("l3").unwrap();
+        s.meta.remove("l2").unwrap();
+        assert!(!s.chain_kept("i2"), "the image's snapshots removed");
+        // l1 is a top now: i1 would stay mounted were it mounted (the
+        // rule keeps, it does not mount).
+        assert!(s.chain_kept("i1"));
+        s.meta.remove("l1").unwrap();
+        // A lazily pulled image: every layer names the whole image; the
+        // intermediate (partial) ones do not keep it.
+        put(&mut s, "z1", Kind::Committed, None, "lz");
+        put(&mut s, "z2", Kind::Committed, Some("z1"), "lz");
+        for (k, partial) in [("z1", true), ("z2", false)] {
+            let mut r = s.meta.get(k).unwrap().clone();
+            r.layer.as_mut().unwrap().lazy = Some(LazyChain {
+                image_ref: "r".into(),
+                manifest_digest: "m".into(),
+                partial,
+            });
+            s.meta.put(r, None).unwrap();
+        }
+        assert!(s.chain_kept("lz"));
+        s.meta.remove("z2").unwrap();
+        assert!(!s.chain_kept("lz"), "kept by a partial layer alone");
     }
 }
 
