@@ -1058,6 +1058,59 @@ fn remote_pull(v: Ctd) {
         keep(&normal),
         "the remote path's container prints differently"
     );
+    // The layers above the first were placed in the image the first
+    // layer's Prepare pulled: a layer below the top gets its own chain
+    // image when something mounts it, assembled from the store's layer
+    // records without a pull.
+    let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
+    let rows: Vec<Vec<&str>> = listed
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let bottom = rows
+        .iter()
+        .find(|r| r.len() == 2 && r[1] == "Committed")
+        .unwrap_or_else(|| panic!("no bottom layer: {listed}"))[0];
+    let second = rows
+        .iter()
+        .find(|r| r.len() == 3 && r[1] == bottom)
+        .unwrap_or_else(|| panic!("no second layer: {listed}"))[0];
+    let prepared = ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "prepare",
+        "--target",
+        "/mnt",
+        "on-the-second",
+        second,
+    ]);
+    let source = prepared
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == ':')
+        .find(|w| w.contains("/snapshots/chains/"))
+        .unwrap_or_else(|| panic!("no chain mount in {prepared:?}"));
+    let tree = std::path::Path::new(source);
+    assert!(tree.join("etc").is_dir(), "{source}: {prepared}");
+    for later in ["opt/data", "busybox", "srv/top"] {
+        assert!(!tree.join(later).exists(), "{later} in a mount of layer 2");
+    }
+    assert!(
+        log().contains("assembling its chain's image")
+            && !log().contains("pulling the image in full"),
+        "{}",
+        log()
+    );
+    ds.ctr(&["snapshots", "--snapshotter", "cairn", "rm", "on-the-second"]);
+    // Only the first layer's Prepare pulled (it tried the lazy path first,
+    // the image has no artifact): the four above it were placed in the
+    // image it pulled, without a request.
+    assert_eq!(
+        log().matches("not lazily").count(),
+        1,
+        "Prepares that pulled, snapshotter log:\n{}",
+        log()
+    );
     cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
 }
 
