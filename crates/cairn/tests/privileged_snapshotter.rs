@@ -20,95 +20,12 @@ const SKIPPED_BY_THE_SUITE: &[(&str, &str)] = &[(
     "containerd's suite skips it on every snapshotter: \"rename test still fails on some kernels with overlay\"",
 )];
 
-/// Where `setup.sh` (and bench/pull-containerd.sh) install containerd
-/// 2.4.2's `containerd`, `ctr` and `containerd-shim-runc-v2` (`go install`).
-const CONTAINERD2_BIN: &str = "/usr/local/lib/cairn-bench/bin";
-const CONTAINERD2_VERSION: &str = "2.4.2";
-
-/// The containerd a test runs against: Debian's 1.6 or containerd 2.4.2.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Ctd {
-    V16,
-    V24,
-}
-
-impl Ctd {
-    fn bin(self, name: &str) -> PathBuf {
-        match self {
-            Ctd::V16 => Path::new("/usr/bin").join(name),
-            Ctd::V24 => Path::new(CONTAINERD2_BIN).join(name),
-        }
-    }
-
-    /// The containerd namespace of the tests. runc keeps its state under
-    /// /run/containerd/runc/<namespace> whichever containerd started it, so
-    /// two containerds' containers of the same name in the same namespace
-    /// would collide: the two versions' tests run at the same time.
-    fn namespace(self) -> &'static str {
-        match self {
-            Ctd::V16 => "cairn-test",
-            Ctd::V24 => "cairn-test-2",
-        }
-    }
-
-    /// Panics unless containerd 2.4.2's binaries are installed.
-    fn check_installed(self) {
-        if self == Ctd::V16 {
-            return;
-        }
-        for name in ["containerd", "ctr", "containerd-shim-runc-v2"] {
-            let p = self.bin(name);
-            let v = Command::new(&p).arg("--version").output();
-            assert!(
-                v.as_ref().is_ok_and(
-                    |o| String::from_utf8_lossy(&o.stdout).contains(CONTAINERD2_VERSION)
-                ),
-                "{} is not containerd {CONTAINERD2_VERSION} ({v:?}): setup.sh installs it",
-                p.display()
-            );
-        }
-    }
-}
-
 /// Builds the suite's test binary for that containerd; returns its path.
 fn build_suite(v: Ctd) -> PathBuf {
     match v {
         Ctd::V16 => build_go("containerd-suite", "suite.test", true),
         Ctd::V24 => build_go_module("suite", "suite.test", true),
     }
-}
-
-/// Builds the package `tests/containerd2/<pkg>` (a test binary if `test`)
-/// with Go modules against containerd v2.4.2 (tests/containerd2/go.mod;
-/// setup.sh downloads the modules); returns the binary's path.
-fn build_go_module(pkg: &str, name: &str, test: bool) -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("containerd2");
-    std::fs::create_dir_all(&out).unwrap();
-    let bin = out.join(name);
-    let src = workspace_root().join("tests/containerd2");
-    let mut cmd = Command::new(go_bin());
-    if test {
-        cmd.args(["test", "-c"]);
-    } else {
-        cmd.arg("build");
-    }
-    let o = cmd
-        .arg("-o")
-        .arg(&bin)
-        .arg(format!("./{pkg}"))
-        .current_dir(&src)
-        .env("GO111MODULE", "on")
-        .env("GOFLAGS", "-buildvcs=false -mod=readonly")
-        .output()
-        .expect("running go");
-    assert!(
-        o.status.success(),
-        "building {}/{pkg} (setup.sh downloads its modules): {}{}",
-        src.display(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    bin
 }
 
 /// `(name, result)` of each `--- PASS/FAIL/SKIP: TEST/NAME` line.
@@ -235,8 +152,8 @@ use std::time::{Duration, Instant};
 
 use support::registry::LocalRegistry;
 use support::snapshotter::{
-    build_go, cairn_ok_at, go_bin, manifest_at, manifest_of, push_image, push_lazy_artifact,
-    workspace_root, OCI_MANIFEST, REPO, TAG,
+    build_go, build_go_module, build_rpull, cairn_ok_at, manifest_at, manifest_of, push_image,
+    push_lazy_artifact, Ctd, CONTAINERD2_BIN, OCI_MANIFEST, REPO, TAG,
 };
 
 /// containerd and `cairn snapshotter`, on their own root, state and
@@ -640,8 +557,10 @@ fn ctr_pull_and_run(v: Ctd) {
     assert_eq!(again, outputs[1], "after cairn gc");
     cairn_ok_at(&store, &["fsck"]);
 
-    // Every container and view is gone: once containerd's own gc has
-    // removed their snapshots, no chain image is mounted any more.
+    // Every container and view is gone; the image's top chain stays
+    // mounted (for the next container) until the image's snapshots go.
+    // The chains mounted to unpack the layers above them went as those
+    // were committed.
     let chains = format!("{}/", store.join("snapshots/chains").display());
     let chain_mounts = || {
         std::fs::read_to_string("/proc/self/mountinfo")
@@ -652,15 +571,40 @@ fn ctr_pull_and_run(v: Ctd) {
             .map(str::to_owned)
             .collect::<Vec<_>>()
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !chain_mounts().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    assert_eq!(
+        chain_mounts().len(),
+        1,
+        "chain mounts: {:?}",
+        chain_mounts()
+    );
+    wait_for_image_removal(&ds, &[&reference]);
     assert_eq!(
         chain_mounts(),
         Vec::<String>::new(),
-        "chain images left mounted"
+        "chain images left mounted after the image's removal"
     );
+}
+
+/// `ctr images rm --sync` of `references` (every name of the image's
+/// manifest: its config blob's gc labels keep the snapshots of every
+/// snapshotter), then waits until cairn has no snapshot left (containerd's
+/// gc removes them).
+fn wait_for_image_removal(ds: &Daemons, references: &[&str]) {
+    let mut args = vec!["images", "rm", "--sync"];
+    args.extend(references);
+    ds.ctr(&args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
+        if listed.lines().nth(1).is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "snapshots left after the image's removal: {listed}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Restart safety: a container started with cairn keeps running, its root
@@ -919,13 +863,6 @@ fn privileged_snapshotter_containerd2_remote_pull() {
     remote_pull(Ctd::V24);
 }
 
-fn build_rpull(v: Ctd) -> PathBuf {
-    match v {
-        Ctd::V16 => build_go("containerd-rpull", "rpull", false),
-        Ctd::V24 => build_go_module("rpull", "rpull", false),
-    }
-}
-
 fn remote_pull(v: Ctd) {
     require_root();
     let rpull = build_rpull(v);
@@ -1030,6 +967,59 @@ fn remote_pull(v: Ctd) {
         keep(&remote),
         keep(&normal),
         "the remote path's container prints differently"
+    );
+    // The layers above the first were placed in the image the first
+    // layer's Prepare pulled: a layer below the top gets its own chain
+    // image when something mounts it, assembled from the store's layer
+    // records without a pull.
+    let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
+    let rows: Vec<Vec<&str>> = listed
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let bottom = rows
+        .iter()
+        .find(|r| r.len() == 2 && r[1] == "Committed")
+        .unwrap_or_else(|| panic!("no bottom layer: {listed}"))[0];
+    let second = rows
+        .iter()
+        .find(|r| r.len() == 3 && r[1] == bottom)
+        .unwrap_or_else(|| panic!("no second layer: {listed}"))[0];
+    let prepared = ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "prepare",
+        "--target",
+        "/mnt",
+        "on-the-second",
+        second,
+    ]);
+    let source = prepared
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == ':')
+        .find(|w| w.contains("/snapshots/chains/"))
+        .unwrap_or_else(|| panic!("no chain mount in {prepared:?}"));
+    let tree = std::path::Path::new(source);
+    assert!(tree.join("etc").is_dir(), "{source}: {prepared}");
+    for later in ["opt/data", "busybox", "srv/top"] {
+        assert!(!tree.join(later).exists(), "{later} in a mount of layer 2");
+    }
+    assert!(
+        log().contains("assembling its chain's image")
+            && !log().contains("pulling the image in full"),
+        "{}",
+        log()
+    );
+    ds.ctr(&["snapshots", "--snapshotter", "cairn", "rm", "on-the-second"]);
+    // Only the first layer's Prepare pulled (it tried the lazy path first,
+    // the image has no artifact): the four above it were placed in the
+    // image it pulled, without a request.
+    assert_eq!(
+        log().matches("not lazily").count(),
+        1,
+        "Prepares that pulled, snapshotter log:\n{}",
+        log()
     );
     cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
 }
@@ -1340,9 +1330,11 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
         log(&ds)
     );
     ds.ctr(&["snapshots", "--snapshotter", "cairn", "rm", "on-the-second"]);
-    // No container and no snapshot on the layers left: the chain mounts
-    // go (containerd removes snapshots in its background gc), and the lazy
-    // servers with them (a supervisor removes its pid file as it exits).
+    // The image removed (under both its names: the same manifest): its
+    // snapshots go (containerd's gc removes them), the chain mounts with
+    // them, and the lazy servers with those (a supervisor removes its pid
+    // file as it exits).
+    wait_for_image_removal(&ds, &[&reference, &direct]);
     let store = ds.dir.path().join("store");
     let servers = || {
         std::fs::read_dir(store.join("lazy"))
@@ -1662,27 +1654,63 @@ fn estargz_lazy_remote_pull(v: Ctd) {
         "objects stored: the files read (busybox, msg, new)"
     );
 
-    // The container is gone: so is its chain mount and the lazy server.
+    // The container is gone, its chain mount and lazy server are not: the
+    // image's top snapshot keeps them, and the next container of the
+    // image starts on the same mount, served by the same process.
     let chains = format!("{}/", store.join("snapshots/chains").display());
+    // (mount id, mount point) of the chain mounts.
     let mounted = || {
         std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap()
             .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&chains))
-            .map(str::to_owned)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (f.len() > 4 && f[4].starts_with(&chains))
+                    .then(|| (f[0].to_owned(), f[4].to_owned()))
+            })
             .collect::<Vec<_>>()
     };
+    // (pid file, supervisor and worker lines) of the lazy servers.
     let servers = || {
         std::fs::read_dir(store.join("lazy"))
             .map(|d| {
                 d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.ends_with(".pid"))
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".pid"))
+                    .map(|e| {
+                        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                        let pids: Vec<&str> = text
+                            .lines()
+                            .filter(|l| l.starts_with("supervisor ") || l.starts_with("worker "))
+                            .collect();
+                        (
+                            e.file_name().to_string_lossy().into_owned(),
+                            pids.join(", "),
+                        )
+                    })
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default()
     };
+    let (mounts, served) = (mounted(), servers());
+    assert_eq!(
+        mounts.len(),
+        1,
+        "chain mounts after ctr run --rm: {mounts:?}"
+    );
+    assert_eq!(
+        served.len(),
+        1,
+        "lazy servers after ctr run --rm: {served:?}"
+    );
+    args[5] = "esgz-2";
+    assert_eq!(
+        ds.ctr(&args),
+        expected,
+        "the second container prints differently"
+    );
+    assert_eq!(mounted(), mounts, "the second container's chain mount");
+    assert_eq!(servers(), served, "the second container's lazy server");
+    lap("a second container on the same chain mount and server");
     let released = |what: &str| {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !servers().is_empty() || !mounted().is_empty() {
@@ -1695,24 +1723,10 @@ fn estargz_lazy_remote_pull(v: Ctd) {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
-    released("after ctr run --rm");
-    lap("released");
     // The image removed from containerd: its snapshots go (containerd's gc
     // removes them), and with them the refs that kept the image in the
     // store; cairn's gc then frees it.
-    ds.ctr(&["images", "rm", "--sync", &reference]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
-        if listed.lines().nth(1).is_none() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "snapshots left after the image's removal: {listed}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_image_removal(&ds, &[&reference]);
     released("after the image's removal");
     let images = support::cairn_ok(&store, &["images"]);
     assert!(!images.contains("containerd-snapshot-"), "{images}");

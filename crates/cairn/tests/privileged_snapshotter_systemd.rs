@@ -1,7 +1,8 @@
 //! The shipped systemd unit `contrib/cairn-snapshotter.service`, run by a
 //! real systemd: the machine's own systemd booted as PID 1 of a
 //! `systemd-nspawn` container (`-D / --volatile=yes`: a tmpfs root with
-//! the host's /usr), with containerd 1.6 as a unit inside it. A lazily
+//! the host's /usr), with containerd (1.6, and 2.4.2 in a second test
+//! sharing the code) as a unit inside it. A lazily
 //! pulled image's container must survive `systemctl restart` and
 //! `systemctl stop` of the snapshotter, lazy data-layer servers included,
 //! thanks to the unit's `KillMode=process`; with systemd's default
@@ -20,7 +21,9 @@ use std::time::{Duration, Instant};
 use common::{cairn_bin, require_root};
 use support::proxy::SlowProxy;
 use support::registry::LocalRegistry;
-use support::snapshotter::{build_go, push_image, push_lazy_artifact, workspace_root, REPO, TAG};
+use support::snapshotter::{
+    build_rpull, push_image, push_lazy_artifact, workspace_root, Ctd, CONTAINERD2_BIN, REPO, TAG,
+};
 
 const NAMESPACE: &str = "cairn-systemd";
 const UNIT: &str = "cairn-snapshotter";
@@ -47,6 +50,7 @@ struct Machine {
     cgroups: Vec<PathBuf>,
     scratch: PathBuf,
     log: PathBuf,
+    ctr: PathBuf,
 }
 
 /// Where a cgroup2 group of our own can be made: the cgroup2 root on a
@@ -64,7 +68,9 @@ fn cgroup2_root() -> (PathBuf, bool) {
 }
 
 impl Machine {
-    fn boot(scratch: &Path, binds_ro: &[&Path]) -> Machine {
+    /// `name`: the machine's and its cgroup's name ([`machine_name`]);
+    /// `ctr`: the `ctr` binary of the containerd the test runs.
+    fn boot(scratch: &Path, binds_ro: &[&Path], name: &str, ctr: &Path) -> Machine {
         for tool in [
             "/usr/bin/systemd-nspawn",
             "/lib/systemd/systemd",
@@ -76,12 +82,11 @@ impl Machine {
             );
         }
         let (cg_root, hybrid) = cgroup2_root();
-        let name = format!("cairn-sd-{}", std::process::id());
-        let cg = cg_root.join(&name);
+        let cg = cg_root.join(name);
         std::fs::create_dir(&cg).unwrap_or_else(|e| panic!("creating {}: {e}", cg.display()));
         let mut cgroups = vec![cg.clone()];
         if hybrid {
-            cgroups.push(Path::new("/sys/fs/cgroup/systemd").join(&name));
+            cgroups.push(Path::new("/sys/fs/cgroup/systemd").join(name));
         }
         let log = scratch.join("nspawn.log");
         // In a private mount namespace with a tmpfs on /run/systemd/nspawn:
@@ -152,6 +157,7 @@ impl Machine {
             cgroups,
             scratch: scratch.to_owned(),
             log,
+            ctr: ctr.to_owned(),
         };
         let init = cg.join("payload/init.scope/cgroup.procs");
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -223,7 +229,7 @@ impl Machine {
     fn ctr_out(&self, args: &[&str]) -> Output {
         let sock = self.scratch.join("containerd.sock");
         let mut v = vec![
-            "ctr",
+            self.ctr.to_str().unwrap(),
             "--address",
             sock.to_str().unwrap(),
             "--namespace",
@@ -340,13 +346,31 @@ impl Drop for Machine {
     }
 }
 
-/// `KillMode=process` under a real systemd: see the module's comment.
+/// The machine's (and its cgroup's) name: one per test process and
+/// containerd version.
+fn machine_name(v: Ctd) -> String {
+    format!("cairn-sd-{}-{}", std::process::id(), v.namespace())
+}
+
+/// `KillMode=process` under a real systemd, with containerd 1.6: see the
+/// module's comment.
 #[test]
 fn privileged_snapshotter_systemd_unit() {
+    systemd_unit(Ctd::V16);
+}
+
+/// The same with containerd 2.4.2 (its `ctr` and its client).
+#[test]
+fn privileged_snapshotter_containerd2_systemd_unit() {
+    systemd_unit(Ctd::V24);
+}
+
+fn systemd_unit(v: Ctd) {
     require_root();
+    v.check_installed();
     let started = Instant::now();
-    let phase = |what: &str| eprintln!("{:>6.1?} {what}", started.elapsed());
-    let rpull = build_go("containerd-rpull", "rpull", false);
+    let phase = |what: &str| eprintln!("{v:?} {:>6.1?} {what}", started.elapsed());
+    let rpull = build_rpull(v);
     phase("rpull built");
     let reg = LocalRegistry::start();
     let direct = push_image(&reg);
@@ -365,7 +389,12 @@ fn privileged_snapshotter_systemd_unit() {
     let d = scratch.path();
     let store = d.join("store");
     let cairn = Path::new(cairn_bin());
-    let machine = Machine::boot(d, &[cairn.parent().unwrap(), rpull.parent().unwrap()]);
+    let machine = Machine::boot(
+        d,
+        &[cairn.parent().unwrap(), rpull.parent().unwrap()],
+        &machine_name(v),
+        &v.bin("ctr"),
+    );
     phase("systemd booted");
     let m = &machine;
 
@@ -403,11 +432,12 @@ fn privileged_snapshotter_systemd_unit() {
     wait_for("the snapshotter's socket", 30, || sock.exists());
 
     phase("snapshotter unit started");
-    // containerd 1.6 as a unit of its own, on its own root, with cairn as
-    // a proxy snapshotter at the unit's socket.
-    std::fs::write(
-        d.join("config.toml"),
-        format!(
+    // containerd as a unit of its own, on its own root, with cairn as a
+    // proxy snapshotter at the unit's socket. 2.4 reads config version 3
+    // (the same settings as privileged_snapshotter.rs's) and finds its
+    // shim in PATH.
+    let config = match v {
+        Ctd::V16 => format!(
             r#"version = 2
 root = "{d}/root"
 state = "{d}/state"
@@ -425,16 +455,39 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 "#,
             d = d.display()
         ),
-    )
-    .unwrap();
+        Ctd::V24 => format!(
+            r#"version = 3
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = "{d}/containerd.sock"
+
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+
+[proxy_plugins.cairn]
+  type = "snapshot"
+  address = "{SOCKET}"
+"#,
+            d = d.display()
+        ),
+    };
+    std::fs::write(d.join("config.toml"), config).unwrap();
     let config = d.join("config.toml");
-    m.ok(&[
-        "systemd-run",
-        "--unit=cairn-test-containerd",
-        "/usr/bin/containerd",
+    let containerd = v.bin("containerd");
+    let path = format!("--setenv=PATH={CONTAINERD2_BIN}:/usr/sbin:/usr/bin:/sbin:/bin");
+    let mut run = vec!["systemd-run", "--unit=cairn-test-containerd"];
+    if v == Ctd::V24 {
+        run.push(&path);
+    }
+    run.extend([
+        containerd.to_str().unwrap(),
         "--config",
         config.to_str().unwrap(),
     ]);
+    m.ok(&run);
     wait_for("containerd", 30, || {
         m.ctr_out(&["version"]).status.success()
     });
@@ -664,7 +717,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
     let left: Vec<&str> = mi.lines().filter(|l| l.contains(&prefix)).collect();
     assert!(left.is_empty(), "mounts left behind: {left:#?}");
     let (cg_root, _) = cgroup2_root();
-    let name = format!("cairn-sd-{}", std::process::id());
+    let name = machine_name(v);
     for g in [
         cg_root.join(&name),
         Path::new("/sys/fs/cgroup/systemd").join(&name),

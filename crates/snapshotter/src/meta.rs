@@ -80,16 +80,18 @@ pub struct Layer {
     pub size: u64,
     /// Entries of the layer (the layer record's `entries`).
     pub entries: u64,
-    /// Set for a layer the remote path committed from an image's lazy
-    /// artifact (docs/snapshotter.md, "The lazy remote path"): the store
-    /// has no layer records for its chain, and `image` is the whole
-    /// image's (incomplete) EROFS image.
+    /// Set for a layer the remote path placed in a whole image it pulled
+    /// (docs/snapshotter.md, "The remote path"): `image` is the whole
+    /// image's EROFS image. Pulled lazily (an incomplete image), the store
+    /// has no layer records for its chain; pulled in full, it has, and the
+    /// field is set for the intermediate layers only (`partial`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lazy: Option<LazyChain>,
 }
 
-/// Where a lazily committed layer came from, so that its chain can be
-/// pulled in full when a lazy image is not enough.
+/// Where a layer placed in a whole image came from, so that its chain can
+/// be pulled in full, and its chain's own image assembled, when the whole
+/// image is not enough.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LazyChain {
     /// The image reference the layer was pulled from (CRI label).
@@ -98,7 +100,8 @@ pub struct LazyChain {
     pub manifest_digest: String,
     /// `image` is the whole image's tree, not this chain's: an
     /// intermediate layer. Mounting on it first pulls the image in full
-    /// and assembles the chain's own image.
+    /// (if the store lacks the chain's layer records) and assembles the
+    /// chain's own image.
     pub partial: bool,
 }
 

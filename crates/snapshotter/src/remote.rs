@@ -49,15 +49,16 @@ pub struct Pulled {
     pub chain: Vec<String>,
 }
 
-/// Pulls the image `req` names into `store` (layers the store has are not
-/// fetched again) and returns the chain of the layer `req.layer_digest`,
-/// checked against `parent_chain` (the chain of the Prepare's parent).
+/// Pulls the image `req` names into `store` in full (layers the store has
+/// are not fetched again), unnamed, and places `req.layer_digest` in it,
+/// checked against `parent_chain` (the chain of the Prepare's parent): the
+/// pulled image is the whole image's tree, which is the top layer's chain.
 /// Every error says why the remote path was not taken.
 pub fn pull_layer(
     store: &Store,
     req: &RemoteRequest,
     parent_chain: &[String],
-) -> Result<Pulled, String> {
+) -> Result<LazyPulled, String> {
     let reference = ImageRef::parse(&req.image_ref)
         .map_err(|e| format!("image ref {:?}: {e}", req.image_ref))?;
     let opts = PullOptions {
@@ -94,14 +95,19 @@ pub fn pull_layer(
             req.layer_digest, req.image_ref
         ));
     }
-    Ok(Pulled {
+    Ok(LazyPulled {
         diff_id: chain[i].clone(),
         chain,
+        image: report.image_digest,
+        manifest_digest: report.manifest_digest,
+        top: i + 1 == report.layers.len(),
+        objects: 0,
+        object_bytes: 0,
     })
 }
 
-/// A layer committed from an image's lazy artifact: the whole image's
-/// (incomplete) EROFS image, and the layer's place in it.
+/// A layer placed in a whole image pulled for it: the whole image's EROFS
+/// image (incomplete if pulled lazily), and the layer's place in it.
 #[derive(Debug, Clone)]
 pub struct LazyPulled {
     pub diff_id: String,
@@ -147,10 +153,11 @@ pub fn pull_layer_lazy(
 }
 
 /// Places `req.layer_digest` in the image `image` of the store, pulled
-/// lazily from the manifest `manifest_digest` (no network): by the image
-/// record's manifest and config, checked against `parent_chain`. The
-/// layers above the first of an image use it with the image their parent
-/// snapshot names, so that only the first layer's Prepare pulls.
+/// (lazily or in full) from the manifest `manifest_digest` (no network):
+/// by the image record's manifest and config, checked against
+/// `parent_chain`. The layers above the first of an image use it with the
+/// image their parent snapshot names, so that only the first layer's
+/// Prepare pulls.
 pub fn place_layer(
     store: &Store,
     image: &str,

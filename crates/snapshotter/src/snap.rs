@@ -239,26 +239,31 @@ impl Snapshotter {
         self.mounts(key)
     }
 
-    /// An intermediate layer committed from a lazy artifact has no chain
-    /// image of its own (its record names the whole image's): pulls the
-    /// image in full (layers the store has are not fetched again),
-    /// assembles the chain's image, points the snapshot's ref at it and
+    /// An intermediate layer placed in a whole pulled image (a lazy
+    /// artifact's, or a full remote pull's) has no chain image of its own
+    /// (its record names the whole image): pulls the image in full if the
+    /// store lacks the chain's layer records (layers the store has are
+    /// not fetched again), assembles the chain's image, points the snapshot's ref at it and
     /// rewrites its record as an ordinary layer. Slow, with the
     /// snapshotter locked, and rare: containerd mounts the top layer.
     fn materialize(&mut self, p: &Record) -> Result<String, SnapError> {
         let layer = p.layer.as_ref().expect("a committed record");
         let lz = layer.lazy.as_ref().expect("a lazy layer");
         let what = format!(
-            "snapshot {:?} (a layer of {} pulled lazily)",
+            "snapshot {:?} (a layer of {} placed in the whole image)",
             p.key, lz.image_ref
         );
-        tracing::info!("{what}: pulling the image in full for a mount of this layer");
         let _lock = self
             .store
             .lock_shared()
             .map_err(|e| SnapError::Internal(format!("locking the store: {e}")))?;
-        remote::pull_full(&self.store, &lz.image_ref, &lz.manifest_digest)
-            .map_err(|e| SnapError::Internal(format!("{what}: {e}")))?;
+        // Pulled in full, the store has the chain's layer records.
+        if !has_layers(&self.store, &layer.chain) {
+            tracing::info!("{what}: pulling the image in full for a mount of this layer");
+            remote::pull_full(&self.store, &lz.image_ref, &lz.manifest_digest)
+                .map_err(|e| SnapError::Internal(format!("{what}: {e}")))?;
+        }
+        tracing::info!("{what}: assembling its chain's image for a mount of this layer");
         let image = crate::commit::assemble_chain(&self.store, &layer.chain)
             .map_err(|e| SnapError::Internal(format!("{what}: assembling its chain image: {e}")))?;
         self.store
@@ -437,7 +442,7 @@ impl Snapshotter {
             req.target,
             req.layer_digest,
             req.image_ref,
-            if done.lazy.is_some() { "lazily " } else { "" }
+            if done.incomplete { "lazily " } else { "" }
         );
         Err(SnapError::AlreadyExists(req.target.clone()))
     }
@@ -541,13 +546,43 @@ impl Snapshotter {
         .map_err(|e| SnapError::Internal(format!("mounting chain image {img}: {e}")))
     }
 
-    /// Unmounts `chains/<img>` if no active or view snapshot uses it.
-    fn release_chain(&self, img: &str) {
-        let used = self
+    /// Whether `chains/<img>` stays mounted: an active or view snapshot
+    /// is on it, or it is the chain image of a committed snapshot at the
+    /// top of its chain (no committed child; an intermediate layer pulled
+    /// lazily names the whole image, not its chain, and does not count).
+    /// Intermediate chains mounted to unpack the layer above them go once
+    /// that layer is committed; an image's top stays mounted between
+    /// containers until the image's snapshots are removed
+    /// (docs/snapshotter.md, "Mounts").
+    fn chain_kept(&self, img: &str) -> bool {
+        let mut tops = Vec::new();
+        for r in self.meta.records() {
+            match (&r.kind, &r.layer) {
+                (Kind::Committed, Some(l))
+                    if l.image == img && !l.lazy.as_ref().is_some_and(|z| z.partial) =>
+                {
+                    tops.push(r.key.as_str())
+                }
+                (Kind::Committed, _) => {}
+                _ if r.parent_image.as_deref() == Some(img) => return true,
+                _ => {}
+            }
+        }
+        if tops.is_empty() {
+            return false;
+        }
+        let parents: HashSet<&str> = self
             .meta
             .records()
-            .any(|r| r.kind != Kind::Committed && r.parent_image.as_deref() == Some(img));
-        if used {
+            .filter(|c| c.kind == Kind::Committed)
+            .filter_map(|c| c.parent.as_deref())
+            .collect();
+        tops.iter().any(|k| !parents.contains(k))
+    }
+
+    /// Unmounts `chains/<img>` unless [`Self::chain_kept`].
+    fn release_chain(&self, img: &str) {
+        if self.chain_kept(img) {
             return;
         }
         let target = self.chain_dir(img);
@@ -718,6 +753,7 @@ impl Snapshotter {
             self.release_chain(img);
         }
         if let Some(l) = &r.layer {
+            self.release_chain(&l.image);
             if let Err(e) = self.store.remove_ref(&l.ref_name) {
                 tracing::warn!("removing ref {}: {e}", l.ref_name);
             }
@@ -790,7 +826,7 @@ impl Snapshotter {
     }
 
     /// Removes snapshot directories no record names, and unmounts chain
-    /// images no active or view snapshot uses.
+    /// images nothing keeps (see [`Self::chain_kept`]).
     pub fn cleanup(&mut self) -> Result<(), SnapError> {
         let ids: HashSet<u64> = self.meta.records().map(|r| r.id).collect();
         for e in fs::read_dir(&self.dir).map_err(internal(self.dir.display()))? {
@@ -925,7 +961,11 @@ impl CommitPlan {
             .store
             .lock_shared()
             .map_err(|e| SnapError::Internal(format!("locking the store: {e}")))?;
-        if let Some(lz) = &self.parent_lazy {
+        if let Some(lz) = self
+            .parent_lazy
+            .as_ref()
+            .filter(|_| !has_layers(&self.store, &self.parent_chain))
+        {
             tracing::info!(
                 "commit of {:?} on a layer of {} pulled lazily: pulling the image in full \
                  for its layer records",
@@ -948,6 +988,11 @@ impl CommitPlan {
     }
 }
 
+/// Whether the store has the layer record of every diff_id of `chain`.
+fn has_layers(store: &Store, chain: &[String]) -> bool {
+    chain.iter().all(|d| cairn_image::has_layer(store, d))
+}
+
 fn warn_fallback(req: &RemoteRequest, why: &str) {
     tracing::warn!(
         "remote snapshot {} ({} of {}): {why}; containerd fetches and unpacks it",
@@ -961,8 +1006,9 @@ fn warn_fallback(req: &RemoteRequest, why: &str) {
 pub struct RemotePlan {
     /// Try the image's lazy artifact first.
     lazy: bool,
-    /// The parent is an intermediate layer pulled lazily: its whole
-    /// image and manifest digest, to place this layer in without a pull.
+    /// The parent is an intermediate layer placed in a pulled image (lazily
+    /// or in full): that whole image and its manifest digest, to place
+    /// this layer in without a pull.
     lazy_parent: Option<(String, String)>,
     /// The manifest this layer belongs to: containerd's
     /// `cri.manifest-digest`, or what the image ref resolved to in this
@@ -982,70 +1028,108 @@ pub struct RemoteDone {
     size: u64,
     entries: u64,
     lazy: Option<LazyChain>,
-    /// The image ref was resolved (a lazy pull), not taken from a parent.
+    /// The image is incomplete (pulled lazily).
+    incomplete: bool,
+    /// The image ref was resolved (a pull), not taken from a parent.
     resolved: bool,
     _lock: cairn_store::StoreLock,
 }
 
 impl RemotePlan {
-    /// Pulls the image and assembles the layer's chain image, under the
-    /// store's shared lock (kept in the result until the ref is written).
+    /// Pulls the image (lazily if it can, else in full) and places the
+    /// layer in it, or places the layer in the image its parent was
+    /// placed in, under the store's shared lock (kept in the result until
+    /// the ref is written).
     pub fn run(&self) -> Result<RemoteDone, String> {
         let lock = self
             .store
             .lock_shared()
             .map_err(|e| format!("locking the store: {e}"))?;
-        if self.lazy {
-            let placed = match &self.lazy_parent {
-                Some((image, manifest)) if self.manifest.as_ref() == Some(manifest) => {
-                    remote::place_layer(&self.store, image, manifest, &self.req, &self.parent_chain)
-                        .map(|l| (l, false))
+        let what = || {
+            format!(
+                "remote snapshot {} ({} of {})",
+                self.req.target, self.req.layer_digest, self.req.image_ref
+            )
+        };
+        // A layer above one placed in a pulled image, of the same manifest:
+        // placed in that image without a request. An incomplete image only
+        // if this snapshotter can mount it.
+        if let Some((image, manifest)) = &self.lazy_parent {
+            let incomplete = self.incomplete(image);
+            if self.manifest.as_ref() == Some(manifest) && (self.lazy || !incomplete) {
+                match remote::place_layer(
+                    &self.store,
+                    image,
+                    manifest,
+                    &self.req,
+                    &self.parent_chain,
+                ) {
+                    Ok(l) => return self.done(l, false, lock),
+                    Err(why) => {
+                        tracing::info!("{}: not placed in its parent's image: {why}", what())
+                    }
                 }
-                _ => remote::pull_layer_lazy(&self.store, &self.req, &self.parent_chain)
-                    .map(|l| (l, true)),
-            };
-            match placed {
-                Ok((l, resolved)) => {
-                    return Ok(RemoteDone {
-                        pulled: remote::Pulled {
-                            diff_id: l.diff_id,
-                            chain: l.chain,
-                        },
-                        size: if l.top { l.object_bytes } else { 0 },
-                        entries: if l.top { l.objects } else { 0 },
-                        lazy: Some(LazyChain {
-                            image_ref: self.req.image_ref.clone(),
-                            manifest_digest: l.manifest_digest,
-                            partial: !l.top,
-                        }),
-                        image: l.image,
-                        resolved,
-                        _lock: lock,
-                    })
-                }
-                Err(why) => tracing::info!(
-                    "remote snapshot {} ({} of {}): not lazily: {why}; pulling it in full",
-                    self.req.target,
-                    self.req.layer_digest,
-                    self.req.image_ref
-                ),
             }
         }
-        let pulled = remote::pull_layer(&self.store, &self.req, &self.parent_chain)?;
-        let image = crate::commit::assemble_chain(&self.store, &pulled.chain)
-            .map_err(|e| format!("assembling the chain image: {e}"))?;
-        let rec = self
-            .store
-            .layer_record(&pulled.diff_id)
-            .map_err(|e| format!("reading layer {}: {e}", pulled.diff_id))?
-            .ok_or_else(|| format!("layer {} is not in the store", pulled.diff_id))?;
+        if self.lazy {
+            match remote::pull_layer_lazy(&self.store, &self.req, &self.parent_chain) {
+                Ok(l) => return self.done(l, true, lock),
+                Err(why) => tracing::info!("{}: not lazily: {why}; pulling it in full", what()),
+            }
+        }
+        let l = remote::pull_layer(&self.store, &self.req, &self.parent_chain)?;
+        self.done(l, true, lock)
+    }
+
+    fn incomplete(&self, image: &str) -> bool {
+        self.store
+            .image_record(image)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.lazy.is_some())
+    }
+
+    /// The layer placed in the whole image `l.image`: the top layer's
+    /// snapshot names that image (its chain's tree); a layer below it names
+    /// it too, marked `partial` (its own chain image is assembled only if
+    /// something mounts it, see [`Snapshotter::materialize`]).
+    fn done(
+        &self,
+        l: remote::LazyPulled,
+        resolved: bool,
+        lock: cairn_store::StoreLock,
+    ) -> Result<RemoteDone, String> {
+        let incomplete = self.incomplete(&l.image);
+        let (size, entries) = if incomplete {
+            if l.top {
+                (l.object_bytes, l.objects)
+            } else {
+                (0, 0)
+            }
+        } else {
+            let rec = self
+                .store
+                .layer_record(&l.diff_id)
+                .map_err(|e| format!("reading layer {}: {e}", l.diff_id))?
+                .ok_or_else(|| format!("layer {} is not in the store", l.diff_id))?;
+            (rec.size, rec.entries)
+        };
+        let lazy = (incomplete || !l.top).then(|| LazyChain {
+            image_ref: self.req.image_ref.clone(),
+            manifest_digest: l.manifest_digest.clone(),
+            partial: !l.top,
+        });
         Ok(RemoteDone {
-            pulled,
-            image,
-            size: rec.size,
-            entries: rec.entries,
-            lazy: None,
-            resolved: false,
+            pulled: remote::Pulled {
+                diff_id: l.diff_id,
+                chain: l.chain,
+            },
+            size,
+            entries,
+            lazy,
+            incomplete,
+            image: l.image,
+            resolved,
             _lock: lock,
         })
     }
@@ -1168,6 +1252,86 @@ mod tests {
         s.remove("c").unwrap();
         assert!(s.store.get_ref(&layer.ref_name).unwrap().is_none());
         assert!(matches!(s.remove("c"), Err(SnapError::NotFound(_))));
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::*;
+
+    fn put(s: &mut Snapshotter, key: &str, kind: Kind, parent: Option<&str>, image: &str) {
+        let id = s.meta.allocate_id();
+        let committed = kind == Kind::Committed;
+        let rec = Record {
+            format: RECORD_FORMAT,
+            id,
+            key: key.to_owned(),
+            kind,
+            parent: parent.map(str::to_owned),
+            parent_image: (!committed).then(|| image.to_owned()),
+            labels: BTreeMap::new(),
+            created: Time::now(),
+            updated: Time::now(),
+            layer: committed.then(|| Layer {
+                diff_id: format!("d-{key}"),
+                chain: Vec::new(),
+                image: image.to_owned(),
+                ref_name: format!("{REF_PREFIX}{id}"),
+                size: 0,
+                entries: 0,
+                lazy: None,
+            }),
+        };
+        s.meta.put(rec, None).unwrap();
+    }
+
+    /// What keeps a chain mount (no mount needed: the rule reads the
+    /// records): an active or view snapshot on it, or its committed
+    /// snapshot while that is the top of its chain; an intermediate
+    /// chain only while a snapshot is on it.
+    #[test]
+    fn what_keeps_a_chain_mount() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Snapshotter::open(d.path()).unwrap();
+        put(&mut s, "l1", Kind::Committed, None, "i1");
+        put(&mut s, "l2", Kind::Committed, Some("l1"), "i2");
+        assert!(!s.chain_kept("i1"), "an intermediate layer's chain");
+        assert!(s.chain_kept("i2"), "the top's chain");
+        put(&mut s, "unpack", Kind::Active, Some("l1"), "i1");
+        assert!(s.chain_kept("i1"), "an active snapshot on it");
+        s.meta.remove("unpack").unwrap();
+        put(&mut s, "c1", Kind::Active, Some("l2"), "i2");
+        put(&mut s, "v1", Kind::View, Some("l2"), "i2");
+        s.meta.remove("c1").unwrap();
+        s.meta.remove("v1").unwrap();
+        assert!(s.chain_kept("i2"), "the top's chain, no container left");
+        // A container committed as an image: the top has a committed
+        // child, its chain is an intermediate one now.
+        put(&mut s, "l3", Kind::Committed, Some("l2"), "i3");
+        assert!(!s.chain_kept("i2"));
+        s.meta.remove("l3").unwrap();
+        s.meta.remove("l2").unwrap();
+        assert!(!s.chain_kept("i2"), "the image's snapshots removed");
+        // l1 is a top now: i1 would stay mounted were it mounted (the
+        // rule keeps, it does not mount).
+        assert!(s.chain_kept("i1"));
+        s.meta.remove("l1").unwrap();
+        // A lazily pulled image: every layer names the whole image; the
+        // intermediate (partial) ones do not keep it.
+        put(&mut s, "z1", Kind::Committed, None, "lz");
+        put(&mut s, "z2", Kind::Committed, Some("z1"), "lz");
+        for (k, partial) in [("z1", true), ("z2", false)] {
+            let mut r = s.meta.get(k).unwrap().clone();
+            r.layer.as_mut().unwrap().lazy = Some(LazyChain {
+                image_ref: "r".into(),
+                manifest_digest: "m".into(),
+                partial,
+            });
+            s.meta.put(r, None).unwrap();
+        }
+        assert!(s.chain_kept("lz"));
+        s.meta.remove("z2").unwrap();
+        assert!(!s.chain_kept("lz"), "kept by a partial layer alone");
     }
 }
 

@@ -209,3 +209,94 @@ pub fn build_go(dir: &str, name: &str, test: bool) -> PathBuf {
     );
     bin
 }
+
+/// Where `setup.sh` (and bench/pull-containerd.sh) install containerd
+/// 2.4.2's `containerd`, `ctr` and `containerd-shim-runc-v2` (`go install`).
+pub const CONTAINERD2_BIN: &str = "/usr/local/lib/cairn-bench/bin";
+pub const CONTAINERD2_VERSION: &str = "2.4.2";
+
+/// The containerd a test runs against: Debian's 1.6 or containerd 2.4.2.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Ctd {
+    V16,
+    V24,
+}
+
+impl Ctd {
+    pub fn bin(self, name: &str) -> PathBuf {
+        match self {
+            Ctd::V16 => Path::new("/usr/bin").join(name),
+            Ctd::V24 => Path::new(CONTAINERD2_BIN).join(name),
+        }
+    }
+
+    /// The containerd namespace of the tests. runc keeps its state under
+    /// /run/containerd/runc/<namespace> whichever containerd started it, so
+    /// two containerds' containers of the same name in the same namespace
+    /// would collide: the two versions' tests run at the same time.
+    pub fn namespace(self) -> &'static str {
+        match self {
+            Ctd::V16 => "cairn-test",
+            Ctd::V24 => "cairn-test-2",
+        }
+    }
+
+    /// Panics unless containerd 2.4.2's binaries are installed.
+    pub fn check_installed(self) {
+        if self == Ctd::V16 {
+            return;
+        }
+        for name in ["containerd", "ctr", "containerd-shim-runc-v2"] {
+            let p = self.bin(name);
+            let v = Command::new(&p).arg("--version").output();
+            assert!(
+                v.as_ref().is_ok_and(
+                    |o| String::from_utf8_lossy(&o.stdout).contains(CONTAINERD2_VERSION)
+                ),
+                "{} is not containerd {CONTAINERD2_VERSION} ({v:?}): setup.sh installs it",
+                p.display()
+            );
+        }
+    }
+}
+
+/// Builds the package `tests/containerd2/<pkg>` (a test binary if `test`)
+/// with Go modules against containerd v2.4.2 (tests/containerd2/go.mod;
+/// setup.sh downloads the modules); returns the binary's path.
+pub fn build_go_module(pkg: &str, name: &str, test: bool) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("containerd2");
+    std::fs::create_dir_all(&out).unwrap();
+    let bin = out.join(name);
+    let src = workspace_root().join("tests/containerd2");
+    let mut cmd = Command::new(go_bin());
+    if test {
+        cmd.args(["test", "-c"]);
+    } else {
+        cmd.arg("build");
+    }
+    let o = cmd
+        .arg("-o")
+        .arg(&bin)
+        .arg(format!("./{pkg}"))
+        .current_dir(&src)
+        .env("GO111MODULE", "on")
+        .env("GOFLAGS", "-buildvcs=false -mod=readonly")
+        .output()
+        .expect("running go");
+    assert!(
+        o.status.success(),
+        "building {}/{pkg} (setup.sh downloads its modules): {}{}",
+        src.display(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    bin
+}
+
+/// Builds the Go client that pulls with the CRI's labels for that containerd.
+pub fn build_rpull(v: Ctd) -> PathBuf {
+    match v {
+        Ctd::V16 => build_go("containerd-rpull", "rpull", false),
+        Ctd::V24 => build_go_module("rpull", "rpull", false),
+    }
+}
