@@ -224,7 +224,7 @@ fn parse_idmap(s: &str) -> Result<cairn_mount::IdMap, String> {
     Ok(map)
 }
 
-fn init_logging(g: &Global) {
+fn init_logging(g: &Global, timestamps: bool) {
     use tracing_subscriber::filter::Targets;
     let level = if g.quiet {
         "error"
@@ -250,14 +250,15 @@ fn init_logging(g: &Global) {
         },
         Err(_) => (default(), None),
     };
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .finish()
-        .with(filter)
-        .init();
+        .with_target(false);
+    if timestamps {
+        fmt.finish().with(filter).init();
+    } else {
+        fmt.without_time().finish().with(filter).init();
+    }
     if let Some((directives, e)) = bad {
         tracing::warn!("ignoring CAIRN_LOG={directives:?}: {e}");
     }
@@ -284,7 +285,11 @@ pub(crate) fn output<T: Serialize>(
 
 fn main() {
     let cli = Cli::parse_from(run_cmds::rewrite_volume_flags(std::env::args_os()));
-    init_logging(&cli.global);
+    // A daemon's log lines carry the time; a command's do not.
+    init_logging(
+        &cli.global,
+        matches!(cli.command, Command::Snapshotter { .. }),
+    );
     let code = match run(cli) {
         Ok(()) => 0,
         Err(e) => {
