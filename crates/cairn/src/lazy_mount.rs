@@ -27,10 +27,11 @@
 //!    the kernel ends the connection, which it does when the overlay is
 //!    unmounted (`cairn umount`, `umount`, anything): then it exits.
 //!
-//! Once serving, the server fetches in the background, in every mode, the
-//! image's prefetch list (the artifact's list, or an eStargz image's files
-//! before its prefetch landmarks): `cairn pull --lazy` no longer does, so
-//! the container starts while the list comes. With `--lazy-fetch
+//! Once serving, the server fetches in the background, in every mode, what
+//! is missing of the image's prefetch list (the artifact's list, which
+//! `cairn pull --lazy` fetches first unless `--no-prefetch` and the
+//! snapshotter's remote path leaves out; or an eStargz image's files
+//! before its prefetch landmarks), while the container starts. With `--lazy-fetch
 //! background` (the default) every other object follows in pack order;
 //! with `on-demand` nothing beyond the list and what is opened. Both go
 //! through the layer's own fetcher (so an open of an object being fetched

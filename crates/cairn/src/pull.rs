@@ -52,11 +52,8 @@ pub struct PullArgs {
     /// Metadata only: find the image's cairn lazy artifact (or REF is one), store the image as incomplete; `cairn fetch` completes it. Fails, saying why, for an image without one.
     #[arg(long)]
     pub lazy: bool,
-    /// With --lazy: fetch the objects of the artifact's prefetch list now, before returning (to warm a node ahead of its starts). Without it the list is fetched in the background by the first lazy mount or run of the image, while it starts.
+    /// With --lazy: do not fetch the objects of the artifact's prefetch list now; the first lazy mount or run of the image fetches it in the background while it starts.
     #[arg(long, requires = "lazy")]
-    pub prefetch: bool,
-    /// Accepted for compatibility and ignored: not fetching the prefetch list at pull time is the default now (see --prefetch).
-    #[arg(long, requires = "lazy", conflicts_with = "prefetch", hide = true)]
     pub no_prefetch: bool,
 }
 
@@ -95,7 +92,7 @@ pub fn run(g: &Global, args: &PullArgs) -> Result<()> {
     let store = cairn_store::Store::open(&g.root)
         .with_context(|| format!("opening the store at {}", g.root.display()))?;
     if args.lazy {
-        return lazy(g, &store, &reference, opts, args.prefetch, start);
+        return lazy(g, &store, &reference, opts, !args.no_prefetch, start);
     }
     let progress: Box<dyn PullObserver> = if g.quiet {
         Box::new(|_: &PullEvent<'_>| {})

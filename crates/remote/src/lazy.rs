@@ -36,10 +36,11 @@ pub struct LazyPullOptions {
     /// The name to give the image.
     pub name: Option<String>,
     /// Fetch the objects of the artifact's prefetch list (if it has one)
-    /// before returning (`cairn pull --lazy --prefetch`: warming a node
-    /// ahead of its starts). Off by default: a lazy mount's server fetches
-    /// the list in the background once it serves, while the container
-    /// starts (docs/lazy-fuse.md, "The prefetch list").
+    /// before returning (`cairn pull --lazy`; not with `--no-prefetch`,
+    /// nor in the snapshotter's remote path). Without it a lazy mount's
+    /// server fetches the list in the background once it serves, while
+    /// the container starts (docs/lazy-fuse.md, "The prefetch list: when
+    /// it is fetched").
     pub prefetch: bool,
     /// For the prefetch list: neighbouring objects of a pack in one
     /// request up to this many bytes, and this many requests in flight.
@@ -53,7 +54,7 @@ impl Default for LazyPullOptions {
             client: ClientOptions::default(),
             platform: None,
             name: None,
-            prefetch: false,
+            prefetch: true,
             coalesce: crate::fetch::FetchOptions::default().coalesce,
             jobs: crate::fetch::FetchOptions::default().jobs,
         }
