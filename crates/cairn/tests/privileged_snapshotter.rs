@@ -986,25 +986,7 @@ fn remote_pull(v: Ctd) {
         .iter()
         .find(|r| r.len() == 3 && r[1] == bottom)
         .unwrap_or_else(|| panic!("no second layer: {listed}"))[0];
-    let prepared = ds.ctr(&[
-        "snapshots",
-        "--snapshotter",
-        "cairn",
-        "prepare",
-        "--target",
-        "/mnt",
-        "on-the-second",
-        second,
-    ]);
-    let source = prepared
-        .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == ':')
-        .find(|w| w.contains("/snapshots/chains/"))
-        .unwrap_or_else(|| panic!("no chain mount in {prepared:?}"));
-    let tree = std::path::Path::new(source);
-    assert!(tree.join("etc").is_dir(), "{source}: {prepared}");
-    for later in ["opt/data", "busybox", "srv/top"] {
-        assert!(!tree.join(later).exists(), "{later} in a mount of layer 2");
-    }
+    prepare_on_layer_two(&ds, second);
     assert!(
         log().contains("assembling its chain's image")
             && !log().contains("pulling the image in full"),
@@ -1305,25 +1287,7 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     // view`: ctr labels what it prepares as a gc root and leaves its views
     // unlabelled and unleased, so containerd's gc (due after the removal
     // above) may take a view between two ctr calls, as it once did in CI.
-    let prepared = ds.ctr(&[
-        "snapshots",
-        "--snapshotter",
-        "cairn",
-        "prepare",
-        "--target",
-        "/mnt",
-        "on-the-second",
-        second,
-    ]);
-    let source = prepared
-        .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == ':')
-        .find(|w| w.contains("/snapshots/chains/"))
-        .unwrap_or_else(|| panic!("no chain mount in {prepared:?}"));
-    let tree = std::path::Path::new(source);
-    assert!(tree.join("etc").is_dir(), "{source}: {prepared}");
-    for later in ["opt/data", "busybox", "srv/top"] {
-        assert!(!tree.join(later).exists(), "{later} in a mount of layer 2");
-    }
+    prepare_on_layer_two(&ds, second);
     assert!(
         log(&ds).contains("pulling the image in full"),
         "{}",
@@ -1988,4 +1952,29 @@ fn privileged_snapshotter_lazy_remote_pull_fetches_the_prefetch_list_after_the_p
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(pack_gets() > 0);
+}
+
+/// `ctr snapshots prepare on-the-second` on the second layer of the test
+/// image: its mounts name that layer's chain mount, which holds layer 2's
+/// tree and nothing of the layers above.
+fn prepare_on_layer_two(ds: &Daemons, second: &str) {
+    let prepared = ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "prepare",
+        "--target",
+        "/mnt",
+        "on-the-second",
+        second,
+    ]);
+    let source = prepared
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == ':')
+        .find(|w| w.contains("/snapshots/chains/"))
+        .unwrap_or_else(|| panic!("no chain mount in {prepared:?}"));
+    let tree = std::path::Path::new(source);
+    assert!(tree.join("etc").is_dir(), "{source}: {prepared}");
+    for later in ["opt/data", "busybox", "srv/top"] {
+        assert!(!tree.join(later).exists(), "{later} in a mount of layer 2");
+    }
 }
