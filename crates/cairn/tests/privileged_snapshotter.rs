@@ -972,20 +972,7 @@ fn remote_pull(v: Ctd) {
     // layer's Prepare pulled: a layer below the top gets its own chain
     // image when something mounts it, assembled from the store's layer
     // records without a pull.
-    let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
-    let rows: Vec<Vec<&str>> = listed
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    let bottom = rows
-        .iter()
-        .find(|r| r.len() == 2 && r[1] == "Committed")
-        .unwrap_or_else(|| panic!("no bottom layer: {listed}"))[0];
-    let second = rows
-        .iter()
-        .find(|r| r.len() == 3 && r[1] == bottom)
-        .unwrap_or_else(|| panic!("no second layer: {listed}"))[0];
+    let second = &second_layer(&ds);
     prepare_on_layer_two(&ds, second);
     assert!(
         log().contains("assembling its chain's image")
@@ -1230,20 +1217,13 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     // A snapshot on an intermediate layer (the artifact has the whole image's
     // tree only): the image is pulled in full and the chain's own image
     // mounted.
+    let second = &second_layer(&ds);
     let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
     let rows: Vec<Vec<&str>> = listed
         .lines()
         .skip(1)
         .map(|l| l.split_whitespace().collect())
         .collect();
-    let bottom = rows
-        .iter()
-        .find(|r| r.len() == 2 && r[1] == "Committed")
-        .unwrap_or_else(|| panic!("no bottom layer: {listed}"))[0];
-    let second = rows
-        .iter()
-        .find(|r| r.len() == 3 && r[1] == bottom)
-        .unwrap_or_else(|| panic!("no second layer: {listed}"))[0];
     // A snapshot committed on the top layer (a container committed as an
     // image): the store has no layer records of a lazily pulled chain, so
     // the commit pulls the image in full first.
@@ -1977,4 +1957,23 @@ fn prepare_on_layer_two(ds: &Daemons, second: &str) {
     for later in ["opt/data", "busybox", "srv/top"] {
         assert!(!tree.join(later).exists(), "{later} in a mount of layer 2");
     }
+}
+
+/// The key of the test image's second layer snapshot (`ctr snapshots ls`:
+/// the committed snapshot whose parent is the one without a parent).
+fn second_layer(ds: &Daemons) -> String {
+    let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
+    let rows: Vec<Vec<&str>> = listed
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let bottom = rows
+        .iter()
+        .find(|r| r.len() == 2 && r[1] == "Committed")
+        .unwrap_or_else(|| panic!("no bottom layer: {listed}"))[0];
+    rows.iter()
+        .find(|r| r.len() == 3 && r[1] == bottom)
+        .unwrap_or_else(|| panic!("no second layer: {listed}"))[0]
+        .to_owned()
 }
