@@ -302,7 +302,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr),
             std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default(),
-            std::fs::read_to_string(self.dir.path().join("snapshotter.log")).unwrap_or_default(),
+            self.log(),
         );
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
@@ -348,6 +348,32 @@ fn spawn_snapshotter(d: &Path, args: &[String]) -> Child {
         .expect("starting cairn snapshotter");
     wait_for("cairn snapshotter", || snap_sock.exists());
     child
+}
+
+impl Daemons {
+    /// The snapshotter's log so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("snapshotter.log")).unwrap_or_default()
+    }
+
+    /// Pulls `reference` with the CRI-label client `rpull` (the remote
+    /// snapshotter path), with `env` set; fails the test with the client's
+    /// output and the snapshotter's log if the pull fails.
+    fn rpull(&self, rpull: &Path, reference: &str, env: &[(&str, &str)]) {
+        let o = Command::new(rpull)
+            .arg(self.dir.path().join("containerd.sock"))
+            .args([self.version.namespace(), "cairn", reference])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "rpull: {}{}\nsnapshotter log:\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+            self.log()
+        );
+    }
 }
 
 impl Daemons {
@@ -872,19 +898,8 @@ fn remote_pull(v: Ctd) {
     let proxy = CountingProxy::start(&upstream);
     let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
     let ds = Daemons::start(v);
-    let o = Command::new(&rpull)
-        .arg(ds.dir.path().join("containerd.sock"))
-        .args([v.namespace(), "cairn", &reference])
-        .output()
-        .unwrap();
-    let log = || std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default();
-    assert!(
-        o.status.success(),
-        "rpull: {}{}\nsnapshotter log:\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-        log()
-    );
+    let log = || ds.log();
+    ds.rpull(&rpull, &reference, &[]);
     // Every layer went through the remote path.
     let pulled = log().matches("pulled by cairn").count();
     assert_eq!(
@@ -1029,21 +1044,8 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
     // On demand and one object a request: what is fetched is what is read.
     let mut ds = Daemons::start_with(v, &["--lazy-fetch", "on-demand", "--coalesce", "0"]);
-    let o = Command::new(&rpull)
-        .arg(ds.dir.path().join("containerd.sock"))
-        .args([v.namespace(), "cairn", &reference])
-        .output()
-        .unwrap();
-    let log = |ds: &Daemons| {
-        std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default()
-    };
-    assert!(
-        o.status.success(),
-        "rpull: {}{}\nsnapshotter log:\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-        log(&ds)
-    );
+    let log = |ds: &Daemons| ds.log();
+    ds.rpull(&rpull, &reference, &[]);
     assert_eq!(
         log(&ds).matches("pulled lazily by cairn").count(),
         5,
@@ -1331,20 +1333,8 @@ fn privileged_snapshotter_lazy_remote_pull_without_manifest_digest() {
     let proxy = CountingProxy::start(&upstream);
     let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
     let ds = Daemons::start_with(v, &["--lazy-fetch", "on-demand"]);
-    let log = || std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default();
-    let o = Command::new(&rpull)
-        .arg(ds.dir.path().join("containerd.sock"))
-        .args([v.namespace(), "cairn", &reference])
-        .env("RPULL_NO_MANIFEST_DIGEST", "1")
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "rpull: {}{}\nsnapshotter log:\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-        log()
-    );
+    let log = || ds.log();
+    ds.rpull(&rpull, &reference, &[("RPULL_NO_MANIFEST_DIGEST", "1")]);
     assert_eq!(
         log().matches("pulled lazily by cairn").count(),
         5,
@@ -1483,21 +1473,8 @@ fn estargz_lazy_remote_pull(v: Ctd) {
     lap("cairn run of the full pull");
 
     let ds = Daemons::start_with(v, &["--lazy-fetch", "on-demand", "--coalesce", "0"]);
-    let log = |ds: &Daemons| {
-        std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default()
-    };
-    let o = Command::new(&rpull)
-        .arg(ds.dir.path().join("containerd.sock"))
-        .args([v.namespace(), "cairn", &reference])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "rpull: {}{}\nsnapshotter log:\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-        log(&ds)
-    );
+    let log = |ds: &Daemons| ds.log();
+    ds.rpull(&rpull, &reference, &[]);
     lap("pulled");
     assert_eq!(
         log(&ds).matches("pulled lazily by cairn").count(),
@@ -1747,7 +1724,8 @@ fn privileged_snapshotter_sigterm_during_a_remote_pull() {
     let took = t.elapsed();
     assert!(took < Duration::from_secs(8), "stopped after {took:?}");
     let o = first.wait_with_output().unwrap();
-    let log = || std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default();
+    let dir = ds.dir.path().to_owned();
+    let log = || std::fs::read_to_string(dir.join("snapshotter.log")).unwrap_or_default();
     assert!(
         !o.status.success(),
         "the pull went on without the snapshotter: {}",
@@ -1866,19 +1844,8 @@ fn privileged_snapshotter_lazy_remote_pull_fetches_the_prefetch_list_after_the_p
     let proxy = CountingProxy::start(&upstream);
     let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
     let ds = Daemons::start_with(v, &["--lazy-fetch", "on-demand"]);
-    let log = || std::fs::read_to_string(ds.dir.path().join("snapshotter.log")).unwrap_or_default();
-    let o = Command::new(&rpull)
-        .arg(ds.dir.path().join("containerd.sock"))
-        .args([v.namespace(), "cairn", &reference])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "rpull: {}{}\nsnapshotter log:\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-        log()
-    );
+    let log = || ds.log();
+    ds.rpull(&rpull, &reference, &[]);
     assert_eq!(
         log().matches("pulled lazily by cairn").count(),
         5,
