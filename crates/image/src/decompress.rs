@@ -125,6 +125,9 @@ struct LimitReader<R> {
     meter: Rc<Meter>,
     max_bytes: u64,
     max_ratio: u64,
+    /// Whether this reader hashes the stream for the diff_id (the
+    /// threaded import hashes it where the chunks are parsed instead).
+    hash: bool,
 }
 
 impl<R: Read> Read for LimitReader<R> {
@@ -163,7 +166,9 @@ impl<R: Read> Read for LimitReader<R> {
                 self.max_ratio
             ))));
         }
-        self.meter.tar_hash.borrow_mut().update(&buf[..n]);
+        if self.hash {
+            self.meter.tar_hash.borrow_mut().update(&buf[..n]);
+        }
         Ok(n)
     }
 }
@@ -181,7 +186,9 @@ pub(crate) enum OpenError {
 }
 
 /// Builds the stack over `blob`. `declared` is what the media type says
-/// (`None`: nothing, detect from the magic bytes). A media type the bytes
+/// (`None`: nothing, detect from the magic bytes). With `hash_tar` false
+/// the uncompressed stream is not hashed, and the meter's diff_id means
+/// nothing: the caller hashes the stream itself. A media type the bytes
 /// contradict is an error, as umoci has it: compression the bytes do not
 /// show, another compression than they show, or an uncompressed tar whose
 /// bytes are gzip or zstd.
@@ -190,6 +197,7 @@ pub(crate) fn open_blob<'a>(
     declared: Option<Compression>,
     max_bytes: u64,
     max_ratio: u64,
+    hash_tar: bool,
 ) -> Result<BlobStack<'a>, OpenError> {
     let meter = Rc::new(Meter::default());
     let mut src = BufReader::with_capacity(
@@ -239,6 +247,7 @@ pub(crate) fn open_blob<'a>(
         meter: Rc::clone(&meter),
         max_bytes,
         max_ratio,
+        hash: hash_tar,
     };
     Ok((Box::new(limited), compression, meter))
 }

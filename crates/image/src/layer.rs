@@ -220,9 +220,14 @@ pub fn import_layer(
         .map_err(|e| store_err(&layer, "starting the object publisher", e))?;
     let (mut b, compression, totals) = if threads <= 1 {
         // One CPU: every stage in this thread, one after the other.
-        let (stream, compression, meter) =
-            open_blob(blob, declared, limits.max_layer_bytes, limits.max_ratio)
-                .map_err(open_err)?;
+        let (stream, compression, meter) = open_blob(
+            blob,
+            declared,
+            limits.max_layer_bytes,
+            limits.max_ratio,
+            true,
+        )
+        .map_err(open_err)?;
         let mut tar = TarReader::new(
             BufReader::with_capacity(64 * 1024, stream),
             TarLimits::from(limits),
@@ -290,9 +295,9 @@ pub fn import_layer(
             // The chunks are the buffer: no BufReader (and no copy) between.
             let mut tar = TarReader::new(q.reader, TarLimits::from(limits));
             parse_layer(&mut tar, compression, &mut b, limits, &layer)?;
-            drop(tar);
+            let diff_id = tar.into_inner().diff_id();
             b.settle_all().map_err(|e| add_err(&layer, b"", 0, e))?;
-            let totals = decompressor
+            let mut totals = decompressor
                 .join()
                 .map_err(|_| LayerError::Invalid {
                     layer: layer.clone(),
@@ -302,6 +307,7 @@ pub fn import_layer(
                     layer: layer.clone(),
                     reason: "the decompression thread ended without totals".into(),
                 })?;
+            totals.diff_id = diff_id;
             check_digests(&layer, expected_blob_digest, expected_diff_id, &totals)?;
             // Every object is staged, and the layer is the one expected:
             // the workers name their last objects as they end, which they

@@ -268,6 +268,11 @@ impl<R: TarSource> TarReader<R> {
         }
     }
 
+    /// The stream, once the archive is read.
+    pub(crate) fn into_inner(self) -> R {
+        self.r
+    }
+
     /// Segments a sparse entry may still list.
     fn segments_left(&self) -> u64 {
         self.limits
