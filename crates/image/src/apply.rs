@@ -49,7 +49,7 @@ use cairn_erofs::{DirEntry, Inode, Mtime};
 
 use cairn_store::{OPAQUE_MARKER, WHITEOUT_PREFIX};
 
-use crate::layer::lossy;
+use crate::entry::lossy;
 use crate::LayerError;
 
 /// The set-group-ID bit.

@@ -51,7 +51,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::assemble::{assemble_image_from, now_rfc3339, ImportedImage};
-use crate::layer::{clean_path, import_layer, LayerInfo, Limits};
+use crate::entry::clean_path;
+use crate::layer::{import_layer, LayerInfo, Limits};
 use crate::layer_jobs::{first_of_each, import_each, Cancellable, DEFAULT_LAYER_JOBS};
 use crate::scan::{scan_dir, ScanOptions};
 use crate::tar::{EntryKind, TarLimits, TarReader, TarSource};

@@ -11,7 +11,7 @@ use cairn_erofs::{Inode, InodeData};
 use cairn_store::OPAQUE_MARKER;
 
 use crate::apply::{compact, empty_image, Applier};
-use crate::layer::clean_path;
+use crate::entry::clean_path;
 
 /// Names the generated paths are made of: few, so entries collide.
 const NAMES: &[&[u8]] = &[b"a", b"b", b"lib", b"usr", b"..", b".", b"x"];

@@ -27,6 +27,7 @@ mod apply;
 mod archive;
 mod assemble;
 mod decompress;
+mod entry;
 mod error;
 mod export;
 mod fuzz;

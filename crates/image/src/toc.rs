@@ -5,7 +5,7 @@
 //! its contents. A lazy pull builds the image's metadata from the TOCs
 //! without reading any file: each TOC entry is turned into the tar entry
 //! it describes and checked and recorded by the same code a tar entry
-//! goes through (`layer::prepare`), so whiteouts, opaque directories, hard
+//! goes through (`entry::prepare`), so whiteouts, opaque directories, hard
 //! links, modes, owners, xattrs, symlinks and devices mean exactly what
 //! they mean in a full pull. The one difference: a regular file's payload
 //! is named by the sha256 of its contents (`ab/cdef…`, the same 32-byte
@@ -20,7 +20,7 @@ use cairn_erofs::tree::{InodeData, RegularFile, Tree};
 use cairn_erofs::Mtime;
 
 use crate::apply::{apply_layer, compact, empty_image};
-use crate::layer::{prepare, AddError, Prepared};
+use crate::entry::{prepare, AddError, Prepared};
 use crate::tar::TarEntry;
 use crate::LayerError;
 
