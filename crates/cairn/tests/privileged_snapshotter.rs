@@ -56,20 +56,29 @@ fn privileged_snapshotter_containerd2_suite() {
     containerd_suite(Ctd::V24);
 }
 
-/// The two suites one after the other: each checks at its end that no
-/// mount of a suite (`/snapshot-suite-cairn-*`) is left, which would see
-/// the other's live mounts if they overlapped.
+/// The two suites one after the other (they are the heaviest tests here;
+/// each would be slower beside the other on this machine's two cores).
 static SUITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn containerd_suite(v: Ctd) {
     require_root();
     let _one_suite_at_a_time = SUITES.lock().unwrap_or_else(|p| p.into_inner());
     let bin = build_suite(v);
+    // The suite makes its directories (`snapshot-suite-<name>-*`) under
+    // `TMPDIR`: one of this test's own, so that the check at the end that
+    // nothing is left mounted looks at this run's mounts only, not at
+    // those of the same test running at the same time elsewhere (another
+    // checkout, the other suite).
+    let tmp = tempfile::Builder::new()
+        .prefix("cairn-snapshot-suite-")
+        .tempdir()
+        .expect("a temporary directory for the suite");
     let run = |args: &[&str]| {
         Command::new(&bin)
             .args(["-test.v", "-test.timeout", "20m"])
             .args(args)
             .env("CAIRN_BIN", cairn_bin())
+            .env("TMPDIR", tmp.path())
             .env_remove("CAIRN_ROOT")
             .output()
             .expect("running the suite")
@@ -129,15 +138,31 @@ fn containerd_suite(v: Ctd) {
         failed.join("; "),
         out.status
     );
-    // Nothing the snapshotters mounted is left behind.
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let left: Vec<_> = mi
-        .lines()
-        .filter(|l| {
-            l.contains("/snapshot-suite-cairn-") || l.contains("/snapshot-suite-overlayfs-")
-        })
-        .collect();
+    // Nothing the snapshotters mounted is left behind (under this run's
+    // own directory: see `tmp` above).
+    let left = mounts_under(tmp.path());
     assert!(left.is_empty(), "mounts left behind: {left:#?}");
+}
+
+/// The mount points at or below `dir` (`/proc/self/mountinfo`'s fifth
+/// field, with its octal escapes of space, tab, newline and backslash
+/// undone).
+fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let dir = dir.to_str().expect("a UTF-8 temporary directory");
+    mi.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| {
+            p.replace("\\040", " ")
+                .replace("\\011", "\t")
+                .replace("\\012", "\n")
+                .replace("\\134", "\\")
+        })
+        .filter(|p| {
+            p.strip_prefix(dir)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------

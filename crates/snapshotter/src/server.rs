@@ -9,6 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use tonic::codegen::{http, Body, StdError};
 use tonic::server::{Grpc, NamedService, ServerStreamingService, UnaryService};
@@ -34,15 +35,24 @@ impl From<SnapError> for Status {
     }
 }
 
-/// Runs `f` on a blocking thread with the snapshotter locked.
+/// Runs `f` on a blocking thread with the snapshotter locked. At debug
+/// level (`CAIRN_LOG=cairn_snapshotter::server=debug`) each call logs how
+/// long it waited for the lock and how long it ran (docs/snapshotter.md,
+/// "Where the time goes").
 async fn blocking<T: Send + 'static>(
     s: Shared,
     what: &'static str,
+    key: String,
     f: impl FnOnce(&mut Snapshotter) -> Result<T, SnapError> + Send + 'static,
 ) -> Result<T, Status> {
     let r = tokio::task::spawn_blocking(move || {
+        let t0 = Instant::now();
         let mut g = s.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut g)
+        let t1 = Instant::now();
+        let r = f(&mut g);
+        drop(g);
+        timing(what, &key, t1 - t0, t1.elapsed());
+        r
     })
     .await
     .map_err(|e| Status::internal(format!("{what}: {e}")))?;
@@ -50,6 +60,15 @@ async fn blocking<T: Send + 'static>(
         tracing::debug!("{what}: {e}");
     }
     Ok(r?)
+}
+
+/// Logs one call's lock wait and run time (debug level).
+pub(crate) fn timing(what: &str, key: &str, wait: Duration, ran: Duration) {
+    tracing::debug!(
+        "call {what} {key:?}: lock wait {:.3} ms, ran {:.3} ms",
+        wait.as_secs_f64() * 1e3,
+        ran.as_secs_f64() * 1e3
+    );
 }
 
 /// One unary method: a function from the request to the response.
@@ -82,7 +101,7 @@ impl ServerStreamingService<proto::ListSnapshotsRequest> for List {
             let req = req.into_inner();
             let filters =
                 crate::filter::Filters::parse(&req.filters).map_err(Status::invalid_argument)?;
-            let mut all = blocking(s, "List", |s| Ok(s.list())).await?;
+            let mut all = blocking(s, "List", String::new(), |s| Ok(s.list())).await?;
             all.retain(|i| filters.matches(i));
             // Several messages, each of a bounded size.
             let msgs: Vec<_> = all
@@ -136,7 +155,10 @@ fn prepare(
         let mut stop = crate::stop_signal();
         let key = r.key.clone();
         let task = tokio::task::spawn_blocking(move || {
-            crate::snap::prepare(&s, &r.key, &r.parent, r.labels)
+            let t0 = Instant::now();
+            let r2 = crate::snap::prepare(&s, &r.key, &r.parent, r.labels);
+            timing("Prepare", &r.key, Duration::ZERO, t0.elapsed());
+            r2
         });
         let r = tokio::select! {
             r = task => r.map_err(|e| Status::internal(format!("Prepare: {e}")))?,
@@ -159,24 +181,31 @@ fn view(
     r: proto::ViewSnapshotRequest,
 ) -> BoxFuture<Result<proto::MountsResponse, Status>> {
     Box::pin(async move {
-        let mounts = blocking(s, "View", move |s| s.view(&r.key, &r.parent, r.labels)).await?;
+        let mounts = blocking(s, "View", r.key.clone(), move |s| {
+            s.view(&r.key, &r.parent, r.labels)
+        })
+        .await?;
         Ok(proto::MountsResponse { mounts })
     })
 }
 
 fn mounts(s: Shared, r: proto::MountsRequest) -> BoxFuture<Result<proto::MountsResponse, Status>> {
     Box::pin(async move {
-        let mounts = blocking(s, "Mounts", move |s| s.mounts(&r.key)).await?;
+        let mounts = blocking(s, "Mounts", r.key.clone(), move |s| s.mounts(&r.key)).await?;
         Ok(proto::MountsResponse { mounts })
     })
 }
 
 fn commit(s: Shared, r: proto::CommitSnapshotRequest) -> BoxFuture<Result<(), Status>> {
     Box::pin(async move {
-        let r =
-            tokio::task::spawn_blocking(move || crate::snap::commit(&s, &r.name, &r.key, r.labels))
-                .await
-                .map_err(|e| Status::internal(format!("Commit: {e}")))?;
+        let r = tokio::task::spawn_blocking(move || {
+            let t0 = Instant::now();
+            let r2 = crate::snap::commit(&s, &r.name, &r.key, r.labels);
+            timing("Commit", &r.key, Duration::ZERO, t0.elapsed());
+            r2
+        })
+        .await
+        .map_err(|e| Status::internal(format!("Commit: {e}")))?;
         if let Err(e) = &r {
             tracing::debug!("Commit: {e}");
         }
@@ -185,12 +214,12 @@ fn commit(s: Shared, r: proto::CommitSnapshotRequest) -> BoxFuture<Result<(), St
 }
 
 fn remove(s: Shared, r: proto::KeyRequest) -> BoxFuture<Result<(), Status>> {
-    Box::pin(async move { blocking(s, "Remove", move |s| s.remove(&r.key)).await })
+    Box::pin(async move { blocking(s, "Remove", r.key.clone(), move |s| s.remove(&r.key)).await })
 }
 
 fn stat(s: Shared, r: proto::KeyRequest) -> BoxFuture<Result<proto::InfoResponse, Status>> {
     Box::pin(async move {
-        let info = blocking(s, "Stat", move |s| s.info(&r.key)).await?;
+        let info = blocking(s, "Stat", r.key.clone(), move |s| s.info(&r.key)).await?;
         Ok(proto::InfoResponse { info: Some(info) })
     })
 }
@@ -204,14 +233,15 @@ fn update(
             .info
             .ok_or_else(|| Status::invalid_argument("Update without info"))?;
         let paths = r.update_mask.map(|m| m.paths).unwrap_or_default();
-        let info = blocking(s, "Update", move |s| s.update(info, &paths)).await?;
+        let key = info.name.clone();
+        let info = blocking(s, "Update", key, move |s| s.update(info, &paths)).await?;
         Ok(proto::InfoResponse { info: Some(info) })
     })
 }
 
 fn usage(s: Shared, r: proto::KeyRequest) -> BoxFuture<Result<proto::UsageResponse, Status>> {
     Box::pin(async move {
-        let u = blocking(s, "Usage", move |s| s.usage(&r.key)).await?;
+        let u = blocking(s, "Usage", r.key.clone(), move |s| s.usage(&r.key)).await?;
         Ok(proto::UsageResponse {
             size: u.size,
             inodes: u.inodes,
@@ -220,7 +250,7 @@ fn usage(s: Shared, r: proto::KeyRequest) -> BoxFuture<Result<proto::UsageRespon
 }
 
 fn cleanup(s: Shared, _r: proto::CleanupRequest) -> BoxFuture<Result<(), Status>> {
-    Box::pin(async move { blocking(s, "Cleanup", |s| s.cleanup()).await })
+    Box::pin(async move { blocking(s, "Cleanup", String::new(), |s| s.cleanup()).await })
 }
 
 impl<B> tower_service::Service<http::Request<B>> for SnapshotsServer
