@@ -9,7 +9,7 @@
 //! ├── meta/<id>.json              one Record per snapshot (the truth)
 //! ├── names/<sha256 of key>       "<id>\n": the name index
 //! ├── tmp/                        staging for the two above, and removals
-//! ├── chains/<image digest>/      mount points of chain images (snap.rs)
+//! ├── chains/<image digest>/      mount points of chain images (snap/chain.rs)
 //! └── <id>/fs, <id>/work          an active snapshot's directories
 //! ```
 //!

@@ -4,22 +4,27 @@
 //! Every method is synchronous and is called with the snapshotter locked
 //! (one operation at a time); the gRPC layer runs them on blocking threads.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_mount::{mount_image, MountOptions, UpperSpec, VerityMode};
 use cairn_store::Store;
 use rustix::fs::{flock, FlockOperation};
 
-use crate::commit::{commit_dir, Committed};
-use crate::meta::{Kind, Layer, LazyChain, Meta, MetaError, Record, Time, RECORD_FORMAT};
+use crate::commit::Committed;
+use crate::meta::{Kind, Layer, Meta, MetaError, Record, Time, RECORD_FORMAT};
 use crate::proto;
 use crate::remote::{self, RemoteRequest};
+
+mod chain;
+mod plans;
+
+pub use plans::{commit, prepare, CommitPlan, RemoteDone, RemotePlan};
+use plans::{has_layers, warn_fallback};
 
 /// The errors containerd's proxy client turns back into its errdefs.
 #[derive(Debug, thiserror::Error)]
@@ -503,103 +508,6 @@ impl Snapshotter {
         Ok(vec![m])
     }
 
-    /// Mounts the chain image `img` read-only at `chains/<img>` unless it
-    /// is mounted there already.
-    fn ensure_chain_mounted(&self, img: &str) -> Result<(), SnapError> {
-        let target = self.chain_dir(img);
-        match fs::DirBuilder::new().mode(0o755).create(&target) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(internal(target.display())(e)),
-        }
-        if is_mountpoint(&target) {
-            return Ok(());
-        }
-        let incomplete = self
-            .store
-            .image_record(img)
-            .ok()
-            .flatten()
-            .is_some_and(|r| r.lazy.is_some());
-        if incomplete {
-            let Some(m) = &self.lazy else {
-                return Err(SnapError::Internal(format!(
-                    "chain image {img} is incomplete (pulled lazily) and this snapshotter \
-                     serves no lazy layers (started with --no-lazy?)"
-                )));
-            };
-            return m
-                .mount(self.store.root(), img, &target)
-                .map_err(|e| SnapError::Internal(format!("mounting lazy chain image {img}: {e}")));
-        }
-        let image = self.store.image_path(img);
-        let objects = self.store.objects_dir();
-        let t0 = Instant::now();
-        let r = mount_image(&MountOptions {
-            image: &image,
-            objects: &objects,
-            local_objects: None,
-            target: &target,
-            upper: UpperSpec::None,
-            idmap: None,
-            verity: VerityMode::Off,
-        });
-        tracing::debug!(
-            "chain image {img}: mounted in {:.3} ms",
-            t0.elapsed().as_secs_f64() * 1e3
-        );
-        r.map_err(|e| SnapError::Internal(format!("mounting chain image {img}: {e}")))
-    }
-
-    /// Whether `chains/<img>` stays mounted: an active or view snapshot
-    /// is on it, or it is the chain image of a committed snapshot at the
-    /// top of its chain (no committed child; an intermediate layer pulled
-    /// lazily names the whole image, not its chain, and does not count).
-    /// Intermediate chains mounted to unpack the layer above them go once
-    /// that layer is committed; an image's top stays mounted between
-    /// containers until the image's snapshots are removed
-    /// (docs/snapshotter.md, "Mounts").
-    fn chain_kept(&self, img: &str) -> bool {
-        let mut tops = Vec::new();
-        for r in self.meta.records() {
-            match (&r.kind, &r.layer) {
-                (Kind::Committed, Some(l))
-                    if l.image == img && !l.lazy.as_ref().is_some_and(|z| z.partial) =>
-                {
-                    tops.push(r.key.as_str())
-                }
-                (Kind::Committed, _) => {}
-                _ if r.parent_image.as_deref() == Some(img) => return true,
-                _ => {}
-            }
-        }
-        if tops.is_empty() {
-            return false;
-        }
-        let parents: HashSet<&str> = self
-            .meta
-            .records()
-            .filter(|c| c.kind == Kind::Committed)
-            .filter_map(|c| c.parent.as_deref())
-            .collect();
-        tops.iter().any(|k| !parents.contains(k))
-    }
-
-    /// Unmounts `chains/<img>` unless [`Self::chain_kept`].
-    fn release_chain(&self, img: &str) {
-        if self.chain_kept(img) {
-            return;
-        }
-        let target = self.chain_dir(img);
-        if is_mountpoint(&target) {
-            if let Err(e) = rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH) {
-                tracing::warn!("unmounting {}: {e}", target.display());
-                return;
-            }
-        }
-        let _ = fs::remove_dir(&target);
-    }
-
     /// Checks a Commit and reserves its key and name; the import itself
     /// ([`CommitPlan::run`]) runs without the snapshotter's lock.
     pub fn begin_commit(
@@ -872,20 +780,6 @@ impl Snapshotter {
         }
         Ok(())
     }
-
-    /// The chain mount points under `chains/`, and whether each is mounted.
-    pub fn chain_mounts(&self) -> BTreeMap<String, bool> {
-        let mut m = BTreeMap::new();
-        if let Ok(rd) = fs::read_dir(self.dir.join("chains")) {
-            for e in rd.flatten() {
-                m.insert(
-                    e.file_name().to_string_lossy().into_owned(),
-                    is_mountpoint(&e.path()),
-                );
-            }
-        }
-        m
-    }
 }
 
 fn to_ts(t: Time) -> prost_types::Timestamp {
@@ -909,18 +803,6 @@ fn to_info(r: &Record) -> proto::Info {
         labels: r.labels.clone().into_iter().collect(),
     }
 }
-
-/// Whether `p` is the root of a mount (its device differs from its parent's).
-fn is_mountpoint(p: &Path) -> bool {
-    let (Ok(a), Some(Ok(b))) = (
-        fs::symlink_metadata(p),
-        p.parent().map(fs::symlink_metadata),
-    ) else {
-        return false;
-    };
-    a.dev() != b.dev() || a.ino() == b.ino()
-}
-
 /// Bytes (allocated blocks) and inodes under `root`, each inode counted
 /// once, as containerd's overlayfs snapshotter counts them.
 fn disk_usage(root: &Path) -> io::Result<Usage> {
@@ -940,236 +822,6 @@ fn disk_usage(root: &Path) -> io::Result<Usage> {
         }
     }
     Ok(u)
-}
-
-/// A commit's import, prepared by [`Snapshotter::begin_commit`].
-pub struct CommitPlan {
-    store: Arc<Store>,
-    fs: PathBuf,
-    ref_name: String,
-    name: String,
-    key: String,
-    labels: HashMap<String, String>,
-    record: Record,
-    parent_chain: Vec<String>,
-    /// The parent was committed from a lazy artifact: the store has no
-    /// layer records for its chain until the image is pulled in full.
-    parent_lazy: Option<LazyChain>,
-}
-
-impl CommitPlan {
-    /// Imports the snapshot's directory as a layer, assembles the chain
-    /// image and points the snapshot's ref at it, under the store's shared
-    /// lock from the first object to the ref (gc waits).
-    pub fn run(&self) -> Result<Committed, SnapError> {
-        let _lock = self
-            .store
-            .lock_shared()
-            .map_err(|e| SnapError::Internal(format!("locking the store: {e}")))?;
-        if let Some(lz) = self
-            .parent_lazy
-            .as_ref()
-            .filter(|_| !has_layers(&self.store, &self.parent_chain))
-        {
-            tracing::info!(
-                "commit of {:?} on a layer of {} pulled lazily: pulling the image in full \
-                 for its layer records",
-                self.key,
-                lz.image_ref
-            );
-            remote::pull_full(&self.store, &lz.image_ref, &lz.manifest_digest).map_err(|e| {
-                SnapError::Internal(format!(
-                    "committing {:?} on a layer of {} pulled lazily: {e}",
-                    self.key, lz.image_ref
-                ))
-            })?;
-        }
-        let c = commit_dir(&self.store, &self.fs, &self.parent_chain)
-            .map_err(|e| SnapError::Internal(format!("committing {:?}: {e}", self.key)))?;
-        self.store
-            .set_ref(&self.ref_name, &c.image)
-            .map_err(|e| SnapError::Internal(format!("ref {}: {e}", self.ref_name)))?;
-        Ok(c)
-    }
-}
-
-/// Whether the store has the layer record of every diff_id of `chain`.
-fn has_layers(store: &Store, chain: &[String]) -> bool {
-    chain.iter().all(|d| cairn_image::has_layer(store, d))
-}
-
-fn warn_fallback(req: &RemoteRequest, why: &str) {
-    tracing::warn!(
-        "remote snapshot {} ({} of {}): {why}; containerd fetches and unpacks it",
-        req.target,
-        req.layer_digest,
-        req.image_ref
-    );
-}
-
-/// A remote Prepare's pull, prepared by [`Snapshotter::begin_remote`].
-pub struct RemotePlan {
-    /// Try the image's lazy artifact first.
-    lazy: bool,
-    /// The parent is an intermediate layer placed in a pulled image (lazily
-    /// or in full): that whole image and its manifest digest, to place
-    /// this layer in without a pull.
-    lazy_parent: Option<(String, String)>,
-    /// The manifest this layer belongs to: containerd's
-    /// `cri.manifest-digest`, or what the image ref resolved to in this
-    /// pull. The layer is placed in `lazy_parent` only if it is the same.
-    manifest: Option<String>,
-    store: Arc<Store>,
-    req: RemoteRequest,
-    parent: String,
-    parent_chain: Vec<String>,
-    labels: HashMap<String, String>,
-}
-
-/// What a remote pull made; holds the store's shared lock until recorded.
-pub struct RemoteDone {
-    pulled: remote::Pulled,
-    image: String,
-    size: u64,
-    entries: u64,
-    lazy: Option<LazyChain>,
-    /// The image is incomplete (pulled lazily).
-    incomplete: bool,
-    /// The image ref was resolved (a pull), not taken from a parent.
-    resolved: bool,
-    _lock: cairn_store::StoreLock,
-}
-
-impl RemotePlan {
-    /// Pulls the image (lazily if it can, else in full) and places the
-    /// layer in it, or places the layer in the image its parent was
-    /// placed in, under the store's shared lock (kept in the result until
-    /// the ref is written).
-    pub fn run(&self) -> Result<RemoteDone, String> {
-        let lock = self
-            .store
-            .lock_shared()
-            .map_err(|e| format!("locking the store: {e}"))?;
-        let what = || {
-            format!(
-                "remote snapshot {} ({} of {})",
-                self.req.target, self.req.layer_digest, self.req.image_ref
-            )
-        };
-        // A layer above one placed in a pulled image, of the same manifest:
-        // placed in that image without a request. An incomplete image only
-        // if this snapshotter can mount it.
-        if let Some((image, manifest)) = &self.lazy_parent {
-            let incomplete = self.incomplete(image);
-            if self.manifest.as_ref() == Some(manifest) && (self.lazy || !incomplete) {
-                match remote::place_layer(
-                    &self.store,
-                    image,
-                    manifest,
-                    &self.req,
-                    &self.parent_chain,
-                ) {
-                    Ok(l) => return self.done(l, false, lock),
-                    Err(why) => {
-                        tracing::info!("{}: not placed in its parent's image: {why}", what())
-                    }
-                }
-            }
-        }
-        if self.lazy {
-            match remote::pull_layer_lazy(&self.store, &self.req, &self.parent_chain) {
-                Ok(l) => return self.done(l, true, lock),
-                Err(why) => tracing::info!("{}: not lazily: {why}; pulling it in full", what()),
-            }
-        }
-        let l = remote::pull_layer(&self.store, &self.req, &self.parent_chain)?;
-        self.done(l, true, lock)
-    }
-
-    fn incomplete(&self, image: &str) -> bool {
-        self.store
-            .image_record(image)
-            .ok()
-            .flatten()
-            .is_some_and(|r| r.lazy.is_some())
-    }
-
-    /// The layer placed in the whole image `l.image`: the top layer's
-    /// snapshot names that image (its chain's tree); a layer below it names
-    /// it too, marked `partial` (its own chain image is assembled only if
-    /// something mounts it, see [`Snapshotter::materialize`]).
-    fn done(
-        &self,
-        l: remote::LazyPulled,
-        resolved: bool,
-        lock: cairn_store::StoreLock,
-    ) -> Result<RemoteDone, String> {
-        let incomplete = self.incomplete(&l.image);
-        let (size, entries) = if incomplete {
-            if l.top {
-                (l.object_bytes, l.objects)
-            } else {
-                (0, 0)
-            }
-        } else {
-            let rec = self
-                .store
-                .layer_record(&l.diff_id)
-                .map_err(|e| format!("reading layer {}: {e}", l.diff_id))?
-                .ok_or_else(|| format!("layer {} is not in the store", l.diff_id))?;
-            (rec.size, rec.entries)
-        };
-        let lazy = (incomplete || !l.top).then(|| LazyChain {
-            image_ref: self.req.image_ref.clone(),
-            manifest_digest: l.manifest_digest.clone(),
-            partial: !l.top,
-        });
-        Ok(RemoteDone {
-            pulled: remote::Pulled {
-                diff_id: l.diff_id,
-                chain: l.chain,
-            },
-            size,
-            entries,
-            lazy,
-            incomplete,
-            image: l.image,
-            resolved,
-            _lock: lock,
-        })
-    }
-}
-
-/// Prepare as the server runs it: a remote pull runs without the
-/// snapshotter's lock, so that other calls go on meanwhile.
-pub fn prepare(
-    s: &Mutex<Snapshotter>,
-    key: &str,
-    parent: &str,
-    labels: HashMap<String, String>,
-) -> Result<Vec<proto::Mount>, SnapError> {
-    let lock = || s.lock().unwrap_or_else(|p| p.into_inner());
-    let plan = lock().begin_remote(key, parent, &labels)?;
-    if let Some(plan) = plan {
-        let done = plan.run();
-        lock().finish_remote(plan, done)?;
-    }
-    lock().create(Kind::Active, key, parent, labels)
-}
-
-/// Commit as the server runs it: checked and recorded with the
-/// snapshotter locked, imported without the lock, so that other calls
-/// (another image's commit included) go on meanwhile.
-pub fn commit(
-    s: &Mutex<Snapshotter>,
-    name: &str,
-    key: &str,
-    labels: HashMap<String, String>,
-) -> Result<(), SnapError> {
-    let lock = || s.lock().unwrap_or_else(|p| p.into_inner());
-    let plan = lock().begin_commit(name, key, labels)?;
-    let done = plan.run();
-    lock().finish_commit(plan, done)
 }
 
 #[cfg(test)]
@@ -1262,7 +914,10 @@ mod tests {
 
 #[cfg(test)]
 mod chain_tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::meta::LazyChain;
 
     fn put(s: &mut Snapshotter, key: &str, kind: Kind, parent: Option<&str>, image: &str) {
         let id = s.meta.allocate_id();
