@@ -754,6 +754,9 @@ fn worker(served: &mut Served, start: Start) -> i32 {
         fetch_timeout: settings.lazy.fetch_timeout,
         max_background_fetches: BACKGROUND_JOBS,
         record_opens: settings.lazy.record_prefetch.is_some(),
+        // The pieces `cairn push` cuts large objects into: the recorded
+        // list names which of them a large file's reads touched.
+        record_chunk_size: u64::from(cairn_remote::index::CHUNK_SIZE),
         resumable: Some(served.journal.clone()),
         passthrough: !settings.lazy.no_passthrough,
         ..ServeOptions::default()
@@ -867,7 +870,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
         r
     };
     if let (Some(file), true) = (&record, told) {
-        match write_prefetch(&store, digest, &open_log.objects(), file) {
+        match write_prefetch(&store, digest, &open_log.entries(), file) {
             Ok(n) => eprintln!(
                 "cairn lazy layer for image {digest}: {n} opened paths written to {}",
                 file.display()
@@ -893,27 +896,45 @@ fn worker(served: &mut Served, start: Start) -> i32 {
 }
 
 /// Writes the paths of `opened` (objects, in first-open order) to `file`,
-/// one a line, each the first path in the image backed by that object;
+/// one a line, each the first path in the image backed by that object,
+/// followed for a large file read in part by the chunks read
+/// (`<TAB>chunks=0-1,6`, `cairn_remote::push::parse_prefetch_line`);
 /// atomically (a temporary file renamed over it). Returns how many.
-fn write_prefetch(store: &Store, digest: &str, opened: &[ObjectId], file: &Path) -> Result<usize> {
+fn write_prefetch(
+    store: &Store,
+    digest: &str,
+    opened: &[(ObjectId, Option<Vec<u32>>)],
+    file: &Path,
+) -> Result<usize> {
     let contents = store
         .image_contents(digest)
         .with_context(|| format!("reading image {digest} to name the opened files"))?;
     let mut out = Vec::new();
     let mut n = 0;
-    for id in opened {
-        // A path with a newline cannot be a line of the list.
-        let Some(u) = contents
-            .objects
-            .get(id)
-            .filter(|u| !u.path.contains(&b'\n'))
-        else {
+    for (id, chunks) in opened {
+        // A path with a newline cannot be a line of the list, nor one
+        // that holds what starts a line's chunks.
+        let Some(u) = contents.objects.get(id).filter(|u| {
+            !u.path.contains(&b'\n')
+                && !u
+                    .path
+                    .windows(cairn_remote::push::CHUNKS_TAG.len())
+                    .any(|w| w == cairn_remote::push::CHUNKS_TAG)
+        }) else {
             continue;
         };
         if !u.path.starts_with(b"/") {
             out.push(b'/');
         }
         out.extend_from_slice(&u.path);
+        // A large file read in part: the chunks that were read.
+        // (Opened but not read at all: its first chunk, where a reader
+        // starts.)
+        if let Some(c) = chunks {
+            let c = if c.is_empty() { &[0][..] } else { &c[..] };
+            out.extend_from_slice(cairn_remote::push::CHUNKS_TAG);
+            out.extend_from_slice(cairn_remote::push::format_chunks(c).as_bytes());
+        }
         out.push(b'\n');
         n += 1;
     }

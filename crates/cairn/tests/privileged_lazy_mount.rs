@@ -623,11 +623,14 @@ fn privileged_lazy_run_records_the_files_it_opened_for_push_prefetch() {
             list_arg,
             &l.reference,
             "/busybox/busybox",
-            "cat",
-            "/data/read-me.txt",
+            "sh",
+            "-c",
+            // 4 KiB of the second 1 MiB chunk of a 2 MB file
+            "cat /data/read-me.txt && \
+             dd if=/data/never-read.bin bs=4096 skip=300 count=1 status=none | wc -c",
         ],
     );
-    assert!(!out.is_empty());
+    assert!(out.trim_end().ends_with("4096"), "{out}");
     // Written by the server when the container's rootfs goes.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !list.exists() {
@@ -639,19 +642,45 @@ fn privileged_lazy_run_records_the_files_it_opened_for_push_prefetch() {
     }
     let text = fs::read_to_string(&list).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines, ["/busybox/busybox", "/data/read-me.txt"], "{text}");
-    // push --prefetch takes it: the artifact lists those objects first.
+    // busybox (2 MB, two chunks) is executed: a chunk list if it was not
+    // read whole; the large file read in part names the chunk read.
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0] == "/busybox/busybox" || lines[0].starts_with("/busybox/busybox\tchunks="),
+        "{text}"
+    );
+    assert_eq!(
+        lines[1..],
+        ["/data/read-me.txt", "/data/never-read.bin\tchunks=1"],
+        "{text}"
+    );
+    // push --prefetch takes it: the artifact lists those objects first,
+    // the large file's chunk as a chunk (a v2 list).
+    let target = reg.reference("lazy/record:1-prefetch");
     cairn_ok(
         &l.a,
-        &[
-            "push",
-            "-q",
-            "--prefetch",
-            list_arg,
-            &l.reference,
-            &reg.reference("lazy/record:1-prefetch"),
-        ],
+        &["push", "-q", "--prefetch", list_arg, &l.reference, &target],
     );
+    let c = l.dir.path().join("c");
+    let pulled: serde_json::Value = serde_json::from_str(&cairn_ok(
+        &c,
+        &["--json", "pull", "--lazy", "--no-prefetch", &target],
+    ))
+    .unwrap();
+    let store = cairn_store::Store::open(&c).unwrap();
+    let client = cairn_oci::ClientOptions {
+        auth_files: Vec::new(),
+        ..cairn_oci::ClientOptions::default()
+    };
+    let remote = cairn_remote::RemoteObjects::open(
+        &store,
+        pulled["image_digest"].as_str().unwrap(),
+        &client,
+    )
+    .unwrap();
+    let entries = remote.prefetch_entries().unwrap();
+    assert_eq!(entries.len(), 3, "{entries:?}");
+    assert_eq!(entries[2].chunks, Some(vec![1]), "{entries:?}");
 }
 
 /// The lazy servers of the store at `root`, as `cairn lazy list --json`
