@@ -965,11 +965,24 @@ fn background(
     all: bool,
 ) {
     let began = std::time::Instant::now();
+    // A v2 list's entries for large objects read in part: their chunks.
+    let mut chunk_entries: Vec<(ObjectId, Vec<u32>)> = Vec::new();
     let (mut list, mut rest) = match &source.remote {
         Remote::Artifact(r) => {
             let rest = if all { r.pack_order() } else { Vec::new() };
-            match r.prefetch_list() {
-                Ok(list) => (list, rest),
+            match r.prefetch_entries() {
+                Ok(entries) => (
+                    entries
+                        .into_iter()
+                        .map(|e| {
+                            if let Some(c) = e.chunks {
+                                chunk_entries.push((e.id, c));
+                            }
+                            e.id
+                        })
+                        .collect(),
+                    rest,
+                ),
                 Err(e) => {
                     eprintln!(
                         "cairn lazy layer for image {digest}: the prefetch list: {e}; going on \
@@ -1004,6 +1017,16 @@ fn background(
         }
     }
     let local = |id: &ObjectId| source.local_id(id).is_some_and(|l| store.has_object(&l));
+    // Only the listed chunks of a large object read in part, into a
+    // partial that its opens will read (pinned while the layer is
+    // served); the rest of it only when read (on-demand) or by the walk
+    // below (background). Where no partial can be started, the object is
+    // fetched whole with the list.
+    for (id, chunks) in &chunk_entries {
+        if !local(id) && bg.prefetch_chunks(id, chunks, all) {
+            list.retain(|l| l != id);
+        }
+    }
     let mut seen: std::collections::HashSet<ObjectId> = list.iter().copied().collect();
     let _ = source.listed.set(seen.clone());
     // The list phase fetches each run of listed neighbours once, by its

@@ -683,6 +683,121 @@ fn privileged_lazy_run_records_the_files_it_opened_for_push_prefetch() {
     assert_eq!(entries[2].chunks, Some(vec![1]), "{entries:?}");
 }
 
+/// A v2 list entry for a large file read in part (`never-read.bin`, 2 MB,
+/// two chunks; the list names chunk 1): `pull --lazy` leaves it out; an
+/// on-demand lazy mount's server fetches that chunk alone (one range
+/// request, and no other after it: no read-behind) into the object's
+/// partial; a read in it is then answered with no request, a read of
+/// chunk 0 makes one, both right; with both chunks in, the object is
+/// stored (checked whole) and fsck is clean. Counted through a proxy that
+/// records ranged blob requests.
+#[test]
+fn privileged_lazy_list_chunks_are_fetched_alone_and_read_without_a_fetch() {
+    use std::os::unix::fs::FileExt;
+    require_root();
+    let reg = LocalRegistry::start();
+    let reference = push_runnable(&reg, "lazy/pchunks");
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-lazy-pchunks")
+        .tempdir()
+        .unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    cairn_ok(&a, &["pull", "-q", &reference]);
+    let list = dir.path().join("list");
+    fs::write(&list, "/data/read-me.txt\n/data/never-read.bin\tchunks=1\n").unwrap();
+    cairn_ok(
+        &a,
+        &[
+            "push",
+            "-q",
+            "--prefetch",
+            list.to_str().unwrap(),
+            &reference,
+            &reg.reference("lazy/pchunks:1-lazy"),
+        ],
+    );
+    let proxy = support::range_proxy::RangeProxy::start(&reg.addr, std::time::Duration::ZERO);
+    let via = format!("{}/lazy/pchunks:1", proxy.addr);
+    let pulled: serde_json::Value =
+        serde_json::from_str(&cairn_ok(&b, &["--json", "pull", "--lazy", &via])).unwrap();
+    assert_eq!(pulled["prefetched"], 1, "{pulled:#}");
+    let big = support::images::random_bytes(2_000_000, 3);
+    let id = cairn_store::fsverity_digest(&big[..]).unwrap();
+    let store = cairn_store::Store::open(&b).unwrap();
+    assert!(
+        !store.has_object(&id),
+        "the pull fetched the chunk entry's object"
+    );
+
+    let ranges = || proxy.blob_ranges().len();
+    let before = ranges();
+    let target = dir.path().join("mnt");
+    fs::create_dir_all(&target).unwrap();
+    cairn_ok(
+        &b,
+        &[
+            Path::new("mount"),
+            Path::new("--lazy"),
+            Path::new("--lazy-fetch"),
+            Path::new("on-demand"),
+            Path::new(&via),
+            &target,
+        ],
+    );
+    let _mounted = Mounted {
+        root: b.clone(),
+        target: target.clone(),
+    };
+    // The list phase: chunk 1's one range request.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while ranges() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server fetched no chunk; logs: {}",
+            lazy_logs(&b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(
+        ranges(),
+        before + 1,
+        "{:?}; logs: {}",
+        proxy.blob_ranges(),
+        lazy_logs(&b)
+    );
+    let f = fs::File::open(target.join("data/never-read.bin")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    f.read_exact_at(&mut buf, 1_200_000).unwrap();
+    assert!(buf == big[1_200_000..1_204_096], "wrong bytes in chunk 1");
+    assert_eq!(ranges(), before + 1, "a read of the listed chunk fetched");
+    assert!(!store.has_object(&id), "a partial object was stored");
+    f.read_exact_at(&mut buf, 1000).unwrap();
+    assert!(buf == big[1000..5096], "wrong bytes in chunk 0");
+    assert_eq!(ranges(), before + 2, "{:?}", proxy.blob_ranges());
+    // Both chunks in: checked whole and stored.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !store.has_object(&id) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never stored; logs: {}",
+            lazy_logs(&b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut all = Vec::new();
+    std::io::Read::read_to_end(&mut &f, &mut all).unwrap();
+    assert!(all == big, "the whole file reads wrong");
+    drop(f);
+    drop(_mounted);
+    let out = cairn_out(&b, &["fsck"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The lazy servers of the store at `root`, as `cairn lazy list --json`
 /// shows them.
 fn lazy_servers(root: &Path) -> Vec<serde_json::Value> {

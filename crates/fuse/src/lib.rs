@@ -335,6 +335,7 @@ pub struct Stats {
 #[derive(Clone)]
 pub struct Background {
     fetcher: Arc<Fetcher>,
+    server: std::sync::Weak<Server>,
 }
 
 impl std::fmt::Debug for Background {
@@ -344,6 +345,19 @@ impl std::fmt::Debug for Background {
 }
 
 impl Background {
+    /// Fetches chunks `chunks` (indices of the source's pieces) of the
+    /// missing object `id` into a partial that later opens of the object
+    /// read from, pinned while the layer is served; without `read_behind`
+    /// the rest of the object is fetched only when read. Returns at once;
+    /// false when nothing was started (the object is local or being
+    /// fetched, has no chunks, or too many partials are pinned): the
+    /// caller may fetch it whole instead.
+    pub fn prefetch_chunks(&self, id: &ObjectId, chunks: &[u32], read_behind: bool) -> bool {
+        self.server
+            .upgrade()
+            .is_some_and(|s| s.prefetch_chunks(id, chunks, read_behind))
+    }
+
     /// Fetches `id` (with its neighbours, as an open would) and waits until
     /// it is in the store, or fails (the source does not have it, the
     /// fetch failed or passed its deadline, the layer is going away).
@@ -541,6 +555,7 @@ impl FuseMount {
     pub fn background(&self) -> Background {
         Background {
             fetcher: self.server.fetcher.clone(),
+            server: Arc::downgrade(&self.server),
         }
     }
 

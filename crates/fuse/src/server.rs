@@ -1033,6 +1033,43 @@ impl Server {
     /// source can fetch it chunk by chunk and fewer than
     /// [`partial::MAX_PARTIALS`] are served; counts a handle on it.
     fn partial_for(&self, id: &ObjectId, size: u64) -> Option<Arc<Partial>> {
+        self.partial_with(id, size, true, partial::MAX_PARTIALS)
+    }
+
+    /// Starts (or joins) a partial of missing object `id` for the chunks
+    /// `chunks` a prefetch list names, and queues them: a later open finds
+    /// them in. The partial is pinned (a handle never released) for the
+    /// server's life, so that its chunks stay until it is opened; without
+    /// `read_behind` it fetches only what the list and reads ask for. At
+    /// most half the partials are taken so: returns false (nothing done)
+    /// past that, or if the object is local, being fetched, or cannot be
+    /// fetched chunk by chunk.
+    pub(crate) fn prefetch_chunks(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        chunks: &[u32],
+        read_behind: bool,
+    ) -> bool {
+        if crate::has_local(&self.store, self.fetcher.source(), id) || self.fetcher.in_flight(id) {
+            return false;
+        }
+        let Some(size) = self.fetcher.source().size(id) else {
+            return false;
+        };
+        let Some(p) = self.partial_with(id, size, read_behind, partial::MAX_PARTIALS / 2) else {
+            return false;
+        };
+        p.want(self, chunks);
+        true
+    }
+
+    fn partial_with(
+        &self,
+        id: &ObjectId,
+        size: u64,
+        read_behind: bool,
+        max: usize,
+    ) -> Option<Arc<Partial>> {
         let mut map = self.fetcher.partials.lock().expect("partials lock");
         if let Some(p) = map.get(id) {
             if p.outcome() == partial::Outcome::Pending {
@@ -1046,7 +1083,7 @@ impl Server {
             }
             return None;
         }
-        if map.len() >= partial::MAX_PARTIALS {
+        if map.len() >= max {
             return None;
         }
         let starts = self.fetcher.source().chunks(id)?;
@@ -1060,7 +1097,7 @@ impl Server {
             }
             return None;
         }
-        match Partial::new(&self.store.tmp_dir(), *id, size, starts) {
+        match Partial::new(&self.store.tmp_dir(), *id, size, starts, read_behind) {
             Ok(p) => {
                 let p = Arc::new(p);
                 p.add_handle();

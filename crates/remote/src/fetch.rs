@@ -445,8 +445,9 @@ impl RemoteObjects {
     /// The artifact's prefetch list (objects to fetch first), fetched and
     /// checked against its digest; empty when the artifact has none. Ids
     /// the index does not list are left out (the list is a hint). An
-    /// entry that names chunks (a v2 list) is given as its object: the
-    /// caller fetches it whole.
+    /// entry that names chunks (a v2 list) is given as its object, for a
+    /// caller that fetches whole objects ([`Self::prefetch_entries`] has
+    /// the chunks).
     pub fn prefetch_list(&self) -> Result<Vec<ObjectId>, RemoteError> {
         Ok(self.prefetch_entries()?.into_iter().map(|e| e.id).collect())
     }

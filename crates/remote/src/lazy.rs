@@ -474,9 +474,14 @@ pub fn pull_lazy(
         // request, a few requests in flight, one publication a group):
         // `cairn push` puts the list's objects first in the packs, in its
         // order, so they come in a few large requests.
-        // A v2 entry that names chunks is fetched whole for now.
+        // A v2 entry that names chunks of a large object is left to the
+        // lazy layer's server, which fetches only those chunks into the
+        // partial object its opens read: a partial object is not stored
+        // (only whole, checked objects are), so the pull has nowhere to
+        // keep them (docs/lazy-fuse.md, "Chunk entries of the list").
         let listed: Vec<ObjectId> = crate::prefetch::resolve(entries, remote.index(), &pwhat)?
             .into_iter()
+            .filter(|e| e.chunks.is_none())
             .map(|e| e.id)
             .filter(|id| objects.contains_key(id))
             .collect();
