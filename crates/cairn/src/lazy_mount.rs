@@ -824,6 +824,31 @@ fn worker(served: &mut Served, start: Start) -> i32 {
             }
         }
     };
+    // A v2 list's chunk entries, at once: a foreground `cairn run` tells
+    // the server that the overlay is attached only when its container has
+    // exited, and the start's opens must find these partials (else an
+    // open starts an ordinary one, which fetches the whole object). The
+    // list phase below finds them started. (Only a v2 list has any: no
+    // second fetch of a v1 list.)
+    let v2 = matches!(remote.as_ref().map(|s| &s.remote), Some(Remote::Artifact(r)) if r.prefetch_names_chunks());
+    if v2 {
+        let (source, bg) = (remote.clone().expect("checked"), mount.background());
+        let all = settings.lazy.lazy_fetch == LazyFetch::Background;
+        let spawned = std::thread::Builder::new()
+            .name("cairn-list-chunks".into())
+            .spawn(move || {
+                if let Remote::Artifact(r) = &source.remote {
+                    for e in r.prefetch_entries().unwrap_or_default() {
+                        if let Some(c) = e.chunks {
+                            bg.prefetch_chunks(&e.id, &c, all);
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("cairn lazy layer for image {digest}: no early chunk fetch: {e}");
+        }
+    }
     let told = journal.marked(mark::TOLD) || {
         let mut byte = [0u8; 1];
         // Peeked, not read: the byte stays for a successor (see `start`).

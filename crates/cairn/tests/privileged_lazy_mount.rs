@@ -796,6 +796,64 @@ fn privileged_lazy_list_chunks_are_fetched_alone_and_read_without_a_fetch() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // The same through a foreground `cairn run`, which tells its server
+    // that the overlay is attached only when the container has exited:
+    // the server starts the chunk entries at once, so the container's
+    // read of chunk 1 fetches nothing more, and chunk 0 never moves.
+    let client = cairn_oci::ClientOptions {
+        auth_files: Vec::new(),
+        ..cairn_oci::ClientOptions::default()
+    };
+    let digest = pulled["image_digest"].as_str().unwrap();
+    let c = dir.path().join("c");
+    cairn_ok(&c, &["pull", "-q", "--lazy", &via]);
+    let frames =
+        cairn_remote::RemoteObjects::open(&cairn_store::Store::open(&c).unwrap(), digest, &client)
+            .unwrap()
+            .entry(&id)
+            .unwrap()
+            .frames;
+    let chunk_requests = |k: usize| {
+        let start = format!("bytes={}-", frames[k].offset);
+        proxy
+            .blob_ranges()
+            .iter()
+            .filter(|(_, r)| r.starts_with(&start))
+            .count()
+    };
+    let (c0, c1) = (chunk_requests(0), chunk_requests(1));
+    let out = cairn_ok(
+        &c,
+        &[
+            "run",
+            "--lazy",
+            "--lazy-fetch",
+            "on-demand",
+            &via,
+            "/busybox/busybox",
+            "sh",
+            "-c",
+            "sleep 1; dd if=/data/never-read.bin bs=4096 skip=300 count=1 status=none | wc -c",
+        ],
+    );
+    assert!(out.trim_end().ends_with("4096"), "{out}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !lazy_servers(&c).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lazy server stays"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        (chunk_requests(0) - c0, chunk_requests(1) - c1),
+        (0, 1),
+        "{:?}; logs: {}",
+        proxy.blob_ranges(),
+        lazy_logs(&c)
+    );
+    assert!(!cairn_store::Store::open(&c).unwrap().has_object(&id));
 }
 
 /// The lazy servers of the store at `root`, as `cairn lazy list --json`

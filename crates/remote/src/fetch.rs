@@ -452,6 +452,13 @@ impl RemoteObjects {
         Ok(self.prefetch_entries()?.into_iter().map(|e| e.id).collect())
     }
 
+    /// Whether the artifact's prefetch list may name chunks (a v2 list).
+    pub fn prefetch_names_chunks(&self) -> bool {
+        self.prefetch
+            .as_ref()
+            .is_some_and(|b| b.media_type == cairn_spec::media_type::CAIRN_LAZY_PREFETCH_V2)
+    }
+
     /// The artifact's prefetch list as entries (`crate::prefetch`):
     /// fetched, checked against its digest, parsed with its limits, and
     /// resolved against the index (unknown ids dropped, chunk indices
