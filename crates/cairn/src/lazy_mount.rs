@@ -754,6 +754,9 @@ fn worker(served: &mut Served, start: Start) -> i32 {
         fetch_timeout: settings.lazy.fetch_timeout,
         max_background_fetches: BACKGROUND_JOBS,
         record_opens: settings.lazy.record_prefetch.is_some(),
+        // The pieces `cairn push` cuts large objects into: the recorded
+        // list names which of them a large file's reads touched.
+        record_chunk_size: u64::from(cairn_remote::index::CHUNK_SIZE),
         resumable: Some(served.journal.clone()),
         passthrough: !settings.lazy.no_passthrough,
         ..ServeOptions::default()
@@ -821,6 +824,31 @@ fn worker(served: &mut Served, start: Start) -> i32 {
             }
         }
     };
+    // A v2 list's chunk entries, at once: a foreground `cairn run` tells
+    // the server that the overlay is attached only when its container has
+    // exited, and the start's opens must find these partials (else an
+    // open starts an ordinary one, which fetches the whole object). The
+    // list phase below finds them started. (Only a v2 list has any: no
+    // second fetch of a v1 list.)
+    let v2 = matches!(remote.as_ref().map(|s| &s.remote), Some(Remote::Artifact(r)) if r.prefetch_names_chunks());
+    if v2 {
+        let (source, bg) = (remote.clone().expect("checked"), mount.background());
+        let all = settings.lazy.lazy_fetch == LazyFetch::Background;
+        let spawned = std::thread::Builder::new()
+            .name("cairn-list-chunks".into())
+            .spawn(move || {
+                if let Remote::Artifact(r) = &source.remote {
+                    for e in r.prefetch_entries().unwrap_or_default() {
+                        if let Some(c) = e.chunks {
+                            bg.prefetch_chunks(&e.id, &c, all);
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("cairn lazy layer for image {digest}: no early chunk fetch: {e}");
+        }
+    }
     let told = journal.marked(mark::TOLD) || {
         let mut byte = [0u8; 1];
         // Peeked, not read: the byte stays for a successor (see `start`).
@@ -867,7 +895,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
         r
     };
     if let (Some(file), true) = (&record, told) {
-        match write_prefetch(&store, digest, &open_log.objects(), file) {
+        match write_prefetch(&store, digest, &open_log.entries(), file) {
             Ok(n) => eprintln!(
                 "cairn lazy layer for image {digest}: {n} opened paths written to {}",
                 file.display()
@@ -893,27 +921,45 @@ fn worker(served: &mut Served, start: Start) -> i32 {
 }
 
 /// Writes the paths of `opened` (objects, in first-open order) to `file`,
-/// one a line, each the first path in the image backed by that object;
+/// one a line, each the first path in the image backed by that object,
+/// followed for a large file read in part by the chunks read
+/// (`<TAB>chunks=0-1,6`, `cairn_remote::push::parse_prefetch_line`);
 /// atomically (a temporary file renamed over it). Returns how many.
-fn write_prefetch(store: &Store, digest: &str, opened: &[ObjectId], file: &Path) -> Result<usize> {
+fn write_prefetch(
+    store: &Store,
+    digest: &str,
+    opened: &[(ObjectId, Option<Vec<u32>>)],
+    file: &Path,
+) -> Result<usize> {
     let contents = store
         .image_contents(digest)
         .with_context(|| format!("reading image {digest} to name the opened files"))?;
     let mut out = Vec::new();
     let mut n = 0;
-    for id in opened {
-        // A path with a newline cannot be a line of the list.
-        let Some(u) = contents
-            .objects
-            .get(id)
-            .filter(|u| !u.path.contains(&b'\n'))
-        else {
+    for (id, chunks) in opened {
+        // A path with a newline cannot be a line of the list, nor one
+        // that holds what starts a line's chunks.
+        let Some(u) = contents.objects.get(id).filter(|u| {
+            !u.path.contains(&b'\n')
+                && !u
+                    .path
+                    .windows(cairn_remote::push::CHUNKS_TAG.len())
+                    .any(|w| w == cairn_remote::push::CHUNKS_TAG)
+        }) else {
             continue;
         };
         if !u.path.starts_with(b"/") {
             out.push(b'/');
         }
         out.extend_from_slice(&u.path);
+        // A large file read in part: the chunks that were read.
+        // (Opened but not read at all: its first chunk, where a reader
+        // starts.)
+        if let Some(c) = chunks {
+            let c = if c.is_empty() { &[0][..] } else { &c[..] };
+            out.extend_from_slice(cairn_remote::push::CHUNKS_TAG);
+            out.extend_from_slice(cairn_remote::push::format_chunks(c).as_bytes());
+        }
         out.push(b'\n');
         n += 1;
     }
@@ -944,11 +990,24 @@ fn background(
     all: bool,
 ) {
     let began = std::time::Instant::now();
+    // A v2 list's entries for large objects read in part: their chunks.
+    let mut chunk_entries: Vec<(ObjectId, Vec<u32>)> = Vec::new();
     let (mut list, mut rest) = match &source.remote {
         Remote::Artifact(r) => {
             let rest = if all { r.pack_order() } else { Vec::new() };
-            match r.prefetch_list() {
-                Ok(list) => (list, rest),
+            match r.prefetch_entries() {
+                Ok(entries) => (
+                    entries
+                        .into_iter()
+                        .map(|e| {
+                            if let Some(c) = e.chunks {
+                                chunk_entries.push((e.id, c));
+                            }
+                            e.id
+                        })
+                        .collect(),
+                    rest,
+                ),
                 Err(e) => {
                     eprintln!(
                         "cairn lazy layer for image {digest}: the prefetch list: {e}; going on \
@@ -983,6 +1042,16 @@ fn background(
         }
     }
     let local = |id: &ObjectId| source.local_id(id).is_some_and(|l| store.has_object(&l));
+    // Only the listed chunks of a large object read in part, into a
+    // partial that its opens will read (pinned while the layer is
+    // served); the rest of it only when read (on-demand) or by the walk
+    // below (background). Where no partial can be started, the object is
+    // fetched whole with the list.
+    for (id, chunks) in &chunk_entries {
+        if !local(id) && bg.prefetch_chunks(id, chunks, all) {
+            list.retain(|l| l != id);
+        }
+    }
     let mut seen: std::collections::HashSet<ObjectId> = list.iter().copied().collect();
     let _ = source.listed.set(seen.clone());
     // The list phase fetches each run of listed neighbours once, by its

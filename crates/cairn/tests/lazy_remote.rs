@@ -580,6 +580,116 @@ fn prefetch_list_objects_come_with_the_lazy_pull() {
     );
 }
 
+/// A prefetch file whose line names chunks of a large file
+/// (`/bin/tool<TAB>chunks=1`) gives a v2 list: `push` packs that chunk
+/// right after the whole file listed before it, ahead of the object's
+/// other chunk; the list reads back with its chunk; `pull --lazy` fetches
+/// the whole entries only (the chunk entry is the lazy server's) and the
+/// store checks clean.
+#[test]
+fn a_prefetch_list_of_chunks_packs_them_first() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    ImageSet::get().push(&reg, "lazy/pfc");
+    let reference = reg.reference("lazy/pfc:full");
+    cairn_ok(&a, &["pull", "-q", &reference]);
+    let dump = cairn_ok(&a, &["dump", &reference]);
+    // (path, size, payload) of the files backed by objects
+    let files: Vec<(&str, u64, String)> = dump
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 8 && f[8].len() == 65 && f[8].as_bytes()[2] == b'/')
+                .then(|| (f[0], f[1].parse().unwrap(), f[8].replace('/', "")))
+        })
+        .collect();
+    let small = files.iter().find(|f| f.1 > 0 && f.1 < 1 << 20).unwrap();
+    let tool = files.iter().find(|f| f.0 == "/bin/tool").unwrap();
+    assert!(tool.1 > 1 << 20 && tool.1 <= 2 << 20, "{tool:?}");
+    let list = dir.path().join("prefetch");
+    std::fs::write(&list, format!("{}\n{}\tchunks=1\n", small.0, tool.0)).unwrap();
+    let target = reg.reference("lazy/pfc:full-lazy");
+    let pushed = |list: &Path| {
+        cairn_out(
+            &a,
+            &[
+                "push",
+                &reference,
+                &target,
+                "--prefetch",
+                list.to_str().unwrap(),
+            ],
+        )
+    };
+    let out = pushed(&list);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let c = dir.path().join("c");
+    let pulled = json(&c, &["pull", "--lazy", "--no-prefetch", &target]);
+    let store = cairn_store::Store::open(&c).unwrap();
+    let client = cairn_oci::ClientOptions {
+        auth_files: Vec::new(),
+        ..cairn_oci::ClientOptions::default()
+    };
+    let digest = pulled["image_digest"].as_str().unwrap();
+    let remote = cairn_remote::RemoteObjects::open(&store, digest, &client).unwrap();
+    let id = |hex: &str| cairn_store::ObjectId::from_hex(hex).unwrap();
+    assert_eq!(
+        remote.prefetch_entries().unwrap(),
+        vec![
+            cairn_remote::prefetch::Entry::whole(id(&small.2)),
+            cairn_remote::prefetch::Entry {
+                id: id(&tool.2),
+                chunks: Some(vec![1]),
+            },
+        ]
+    );
+    let s = remote.entry(&id(&small.2)).unwrap();
+    let t = remote.entry(&id(&tool.2)).unwrap();
+    assert_eq!((s.frames[0].pack, s.frames[0].offset), (0, 0));
+    assert_eq!(
+        (t.frames[1].pack, t.frames[1].offset),
+        (0, s.frames[0].compressed),
+        "chunk 1 of /bin/tool follows the listed file"
+    );
+    assert!(t.frames[0].pack > 0 || t.frames[0].offset > t.frames[1].offset);
+    // The old reader's view: the objects, the chunked one whole.
+    assert_eq!(
+        remote.prefetch_list().unwrap(),
+        vec![id(&small.2), id(&tool.2)]
+    );
+
+    // The pull fetches the whole entries; the chunk entry is left to the
+    // lazy layer's server (a partial object is never stored).
+    let b = dir.path().join("b");
+    let pulled = json(&b, &["pull", "--lazy", &target]);
+    assert_eq!(pulled["prefetched"], 1, "{pulled:#}");
+    assert_eq!(objects(&b), BTreeSet::from([small.2.clone()]));
+    assert_fsck_clean(&b, "after a lazy pull of a list with chunks");
+    let fetched = json(&b, &["fetch", &target]);
+    assert_eq!(
+        fetched["fetched_objects"].as_u64().unwrap() + 1,
+        pulled["objects"].as_u64().unwrap()
+    );
+    assert_fsck_clean(&b, "after fetching an image whose list named chunks");
+
+    // Chunks past the file's, or not increasing, are refused by push.
+    for bad in ["chunks=2", "chunks=1,0"] {
+        std::fs::write(&list, format!("{}\t{bad}\n", tool.0)).unwrap();
+        let out = pushed(&list);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("/bin/tool"),
+            "{bad}: {err}"
+        );
+    }
+}
+
 /// A chunked object wanted whole (`cairn fetch`, a prefetch list) comes in
 /// one request a run of chunks that lie end to end in a pack (up to
 /// `CHUNK_RUN`), not one a chunk; each chunk is still checked.

@@ -623,11 +623,14 @@ fn privileged_lazy_run_records_the_files_it_opened_for_push_prefetch() {
             list_arg,
             &l.reference,
             "/busybox/busybox",
-            "cat",
-            "/data/read-me.txt",
+            "sh",
+            "-c",
+            // 4 KiB of the second 1 MiB chunk of a 2 MB file
+            "cat /data/read-me.txt && \
+             dd if=/data/never-read.bin bs=4096 skip=300 count=1 status=none | wc -c",
         ],
     );
-    assert!(!out.is_empty());
+    assert!(out.trim_end().ends_with("4096"), "{out}");
     // Written by the server when the container's rootfs goes.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !list.exists() {
@@ -639,19 +642,218 @@ fn privileged_lazy_run_records_the_files_it_opened_for_push_prefetch() {
     }
     let text = fs::read_to_string(&list).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines, ["/busybox/busybox", "/data/read-me.txt"], "{text}");
-    // push --prefetch takes it: the artifact lists those objects first.
+    // busybox (2 MB, two chunks) is executed: a chunk list if it was not
+    // read whole; the large file read in part names the chunk read.
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0] == "/busybox/busybox" || lines[0].starts_with("/busybox/busybox\tchunks="),
+        "{text}"
+    );
+    assert_eq!(
+        lines[1..],
+        ["/data/read-me.txt", "/data/never-read.bin\tchunks=1"],
+        "{text}"
+    );
+    // push --prefetch takes it: the artifact lists those objects first,
+    // the large file's chunk as a chunk (a v2 list).
+    let target = reg.reference("lazy/record:1-prefetch");
     cairn_ok(
         &l.a,
+        &["push", "-q", "--prefetch", list_arg, &l.reference, &target],
+    );
+    let c = l.dir.path().join("c");
+    let pulled: serde_json::Value = serde_json::from_str(&cairn_ok(
+        &c,
+        &["--json", "pull", "--lazy", "--no-prefetch", &target],
+    ))
+    .unwrap();
+    let store = cairn_store::Store::open(&c).unwrap();
+    let client = cairn_oci::ClientOptions {
+        auth_files: Vec::new(),
+        ..cairn_oci::ClientOptions::default()
+    };
+    let remote = cairn_remote::RemoteObjects::open(
+        &store,
+        pulled["image_digest"].as_str().unwrap(),
+        &client,
+    )
+    .unwrap();
+    let entries = remote.prefetch_entries().unwrap();
+    assert_eq!(entries.len(), 3, "{entries:?}");
+    assert_eq!(entries[2].chunks, Some(vec![1]), "{entries:?}");
+}
+
+/// A v2 list entry for a large file read in part (`never-read.bin`, 2 MB,
+/// two chunks; the list names chunk 1): `pull --lazy` leaves it out; an
+/// on-demand lazy mount's server fetches that chunk alone (one range
+/// request, and no other after it: no read-behind) into the object's
+/// partial; a read in it is then answered with no request, a read of
+/// chunk 0 makes one, both right; with both chunks in, the object is
+/// stored (checked whole) and fsck is clean. Counted through a proxy that
+/// records ranged blob requests.
+#[test]
+fn privileged_lazy_list_chunks_are_fetched_alone_and_read_without_a_fetch() {
+    use std::os::unix::fs::FileExt;
+    require_root();
+    let reg = LocalRegistry::start();
+    let reference = push_runnable(&reg, "lazy/pchunks");
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-lazy-pchunks")
+        .tempdir()
+        .unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    cairn_ok(&a, &["pull", "-q", &reference]);
+    let list = dir.path().join("list");
+    fs::write(&list, "/data/read-me.txt\n/data/never-read.bin\tchunks=1\n").unwrap();
+    cairn_ok(
+        &a,
         &[
             "push",
             "-q",
             "--prefetch",
-            list_arg,
-            &l.reference,
-            &reg.reference("lazy/record:1-prefetch"),
+            list.to_str().unwrap(),
+            &reference,
+            &reg.reference("lazy/pchunks:1-lazy"),
         ],
     );
+    let proxy = support::range_proxy::RangeProxy::start(&reg.addr, std::time::Duration::ZERO);
+    let via = format!("{}/lazy/pchunks:1", proxy.addr);
+    let pulled: serde_json::Value =
+        serde_json::from_str(&cairn_ok(&b, &["--json", "pull", "--lazy", &via])).unwrap();
+    assert_eq!(pulled["prefetched"], 1, "{pulled:#}");
+    let big = support::images::random_bytes(2_000_000, 3);
+    let id = cairn_store::fsverity_digest(&big[..]).unwrap();
+    let store = cairn_store::Store::open(&b).unwrap();
+    assert!(
+        !store.has_object(&id),
+        "the pull fetched the chunk entry's object"
+    );
+
+    let ranges = || proxy.blob_ranges().len();
+    let before = ranges();
+    let target = dir.path().join("mnt");
+    fs::create_dir_all(&target).unwrap();
+    cairn_ok(
+        &b,
+        &[
+            Path::new("mount"),
+            Path::new("--lazy"),
+            Path::new("--lazy-fetch"),
+            Path::new("on-demand"),
+            Path::new(&via),
+            &target,
+        ],
+    );
+    let _mounted = Mounted {
+        root: b.clone(),
+        target: target.clone(),
+    };
+    // The list phase: chunk 1's one range request.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while ranges() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server fetched no chunk; logs: {}",
+            lazy_logs(&b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(
+        ranges(),
+        before + 1,
+        "{:?}; logs: {}",
+        proxy.blob_ranges(),
+        lazy_logs(&b)
+    );
+    let f = fs::File::open(target.join("data/never-read.bin")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    f.read_exact_at(&mut buf, 1_200_000).unwrap();
+    assert!(buf == big[1_200_000..1_204_096], "wrong bytes in chunk 1");
+    assert_eq!(ranges(), before + 1, "a read of the listed chunk fetched");
+    assert!(!store.has_object(&id), "a partial object was stored");
+    f.read_exact_at(&mut buf, 1000).unwrap();
+    assert!(buf == big[1000..5096], "wrong bytes in chunk 0");
+    assert_eq!(ranges(), before + 2, "{:?}", proxy.blob_ranges());
+    // Both chunks in: checked whole and stored.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !store.has_object(&id) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never stored; logs: {}",
+            lazy_logs(&b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut all = Vec::new();
+    std::io::Read::read_to_end(&mut &f, &mut all).unwrap();
+    assert!(all == big, "the whole file reads wrong");
+    drop(f);
+    drop(_mounted);
+    let out = cairn_out(&b, &["fsck"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The same through a foreground `cairn run`, which tells its server
+    // that the overlay is attached only when the container has exited:
+    // the server starts the chunk entries at once, so the container's
+    // read of chunk 1 fetches nothing more, and chunk 0 never moves.
+    let client = cairn_oci::ClientOptions {
+        auth_files: Vec::new(),
+        ..cairn_oci::ClientOptions::default()
+    };
+    let digest = pulled["image_digest"].as_str().unwrap();
+    let c = dir.path().join("c");
+    cairn_ok(&c, &["pull", "-q", "--lazy", &via]);
+    let frames =
+        cairn_remote::RemoteObjects::open(&cairn_store::Store::open(&c).unwrap(), digest, &client)
+            .unwrap()
+            .entry(&id)
+            .unwrap()
+            .frames;
+    let chunk_requests = |k: usize| {
+        let start = format!("bytes={}-", frames[k].offset);
+        proxy
+            .blob_ranges()
+            .iter()
+            .filter(|(_, r)| r.starts_with(&start))
+            .count()
+    };
+    let (c0, c1) = (chunk_requests(0), chunk_requests(1));
+    let out = cairn_ok(
+        &c,
+        &[
+            "run",
+            "--lazy",
+            "--lazy-fetch",
+            "on-demand",
+            &via,
+            "/busybox/busybox",
+            "sh",
+            "-c",
+            "sleep 1; dd if=/data/never-read.bin bs=4096 skip=300 count=1 status=none | wc -c",
+        ],
+    );
+    assert!(out.trim_end().ends_with("4096"), "{out}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !lazy_servers(&c).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lazy server stays"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        (chunk_requests(0) - c0, chunk_requests(1) - c1),
+        (0, 1),
+        "{:?}; logs: {}",
+        proxy.blob_ranges(),
+        lazy_logs(&c)
+    );
+    assert!(!cairn_store::Store::open(&c).unwrap().has_object(&id));
 }
 
 /// The lazy servers of the store at `root`, as `cairn lazy list --json`

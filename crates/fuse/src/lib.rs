@@ -242,6 +242,11 @@ pub struct ServeOptions {
     /// Record the objects opened, in first-open order
     /// ([`FuseMount::open_log`]); at most `max_nodes` of them.
     pub record_opens: bool,
+    /// With `record_opens`: objects larger than this many bytes are
+    /// recorded chunk by chunk (which pieces of this size were read) and,
+    /// so that their reads reach the server, served by READ rather than
+    /// passed through while recording. 0: objects only.
+    pub record_chunk_size: u64,
     /// Use passthrough where the kernel offers it (the point of this
     /// crate). Off, every read is a READ served by cairn: for kernels or
     /// stores where passthrough misbehaves, and for tests of that path.
@@ -262,6 +267,7 @@ impl Default for ServeOptions {
             max_nodes: 1 << 20,
             source_name: "cairn".into(),
             record_opens: false,
+            record_chunk_size: 0,
             passthrough: true,
             resumable: None,
         }
@@ -329,6 +335,7 @@ pub struct Stats {
 #[derive(Clone)]
 pub struct Background {
     fetcher: Arc<Fetcher>,
+    server: std::sync::Weak<Server>,
 }
 
 impl std::fmt::Debug for Background {
@@ -338,6 +345,19 @@ impl std::fmt::Debug for Background {
 }
 
 impl Background {
+    /// Fetches chunks `chunks` (indices of the source's pieces) of the
+    /// missing object `id` into a partial that later opens of the object
+    /// read from, pinned while the layer is served; without `read_behind`
+    /// the rest of the object is fetched only when read. Returns at once;
+    /// false when nothing was started (the object is local or being
+    /// fetched, has no chunks, or too many partials are pinned): the
+    /// caller may fetch it whole instead.
+    pub fn prefetch_chunks(&self, id: &ObjectId, chunks: &[u32], read_behind: bool) -> bool {
+        self.server
+            .upgrade()
+            .is_some_and(|s| s.prefetch_chunks(id, chunks, read_behind))
+    }
+
     /// Fetches `id` (with its neighbours, as an open would) and waits until
     /// it is in the store, or fails (the source does not have it, the
     /// fetch failed or passed its deadline, the layer is going away).
@@ -394,6 +414,29 @@ impl OpenLog {
             .as_ref()
             .map(|l| l.order.clone())
             .unwrap_or_default()
+    }
+
+    /// Each object opened, once, in the order of its first open, with the
+    /// chunks of it that were read (indices of pieces of
+    /// [`ServeOptions::record_chunk_size`] bytes, increasing) for an object
+    /// larger than that which was not read whole; None: the whole object.
+    pub fn entries(&self) -> Vec<(ObjectId, Option<Vec<u32>>)> {
+        let log = self.server.open_log.lock().expect("open log lock");
+        let Some(l) = log.as_ref() else {
+            return Vec::new();
+        };
+        l.order
+            .iter()
+            .map(|id| {
+                let chunks = l.chunks.get(id).and_then(|read| {
+                    let got: Vec<u32> = (0..read.len() as u32)
+                        .filter(|&k| read[k as usize])
+                        .collect();
+                    (got.len() < read.len()).then_some(got)
+                });
+                (*id, chunks)
+            })
+            .collect()
     }
 }
 
@@ -512,6 +555,7 @@ impl FuseMount {
     pub fn background(&self) -> Background {
         Background {
             fetcher: self.server.fetcher.clone(),
+            server: Arc::downgrade(&self.server),
         }
     }
 
@@ -705,7 +749,10 @@ pub fn serve_on(
     }
     let server = Arc::new(server);
     if options.record_opens {
-        *server.open_log.lock().expect("open log lock") = Some(Default::default());
+        *server.open_log.lock().expect("open log lock") = Some(server::OpenLog {
+            chunk_size: options.record_chunk_size,
+            ..Default::default()
+        });
     }
     let mut mount = FuseMount {
         target: target.clone(),
@@ -763,7 +810,10 @@ pub fn resume(
         .with_journal(resumable.0.clone());
     let server = Arc::new(server);
     if options.record_opens {
-        *server.open_log.lock().expect("open log lock") = Some(Default::default());
+        *server.open_log.lock().expect("open log lock") = Some(server::OpenLog {
+            chunk_size: options.record_chunk_size,
+            ..Default::default()
+        });
     }
     dev::set_nonblocking(server.dev.as_fd()).map_err(FuseError::OpenDevice)?;
     server.resume();

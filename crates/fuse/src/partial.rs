@@ -120,6 +120,10 @@ struct State {
     /// Fetches of the object (a background walk's) waiting for it to be
     /// stored.
     stored_waiters: Vec<Waiter>,
+    /// Whether the thread goes on past the chunks asked for (to the whole
+    /// object). Off only for a partial the prefetch list started in
+    /// on-demand mode, until a fetch of the whole object joins it.
+    read_behind: bool,
 }
 
 /// A missing object being fetched chunk by chunk, with readers.
@@ -173,6 +177,7 @@ impl Partial {
         id: ObjectId,
         size: u64,
         starts: Vec<u64>,
+        read_behind: bool,
     ) -> std::io::Result<Partial> {
         use rustix::fs::{Mode, OFlags};
         let fd = rustix::fs::open(
@@ -199,6 +204,7 @@ impl Partial {
                 handles: 0,
                 outcome: Outcome::Pending,
                 stored_waiters: Vec::new(),
+                read_behind,
             }),
             wake: Condvar::new(),
         })
@@ -231,7 +237,27 @@ impl Partial {
             return Err(waiter);
         }
         st.stored_waiters.push(waiter);
+        // Someone wants it whole: the thread goes on to the end.
+        st.read_behind = true;
+        drop(st);
+        self.wake.notify_all();
         Ok(())
+    }
+
+    /// Queues chunks `chunks` (indices; those past the object's are
+    /// ignored) for the fetch thread, starting it if none runs: what a
+    /// prefetch list names of the object, fetched before anyone reads it.
+    pub fn want(self: &Arc<Self>, server: &Arc<Server>, chunks: &[u32]) {
+        let mut st = self.lock();
+        for &k in chunks {
+            let k = k as usize;
+            if k < st.chunks.len() && st.chunks[k] == Chunk::Missing && !st.wanted.contains(&k) {
+                st.wanted.push_back(k);
+            }
+        }
+        self.ensure_thread(server, &mut st);
+        drop(st);
+        self.wake.notify_all();
     }
 
     pub fn add_handle(&self) {
@@ -350,6 +376,11 @@ impl Partial {
             if st.chunks[k] == Chunk::Missing {
                 return Pick::Fetch(k);
             }
+        }
+        if !st.read_behind {
+            // Only what reads (and the list) ask for: a failed chunk is
+            // tried again when a read needs it.
+            return Pick::Nothing;
         }
         let n = st.chunks.len();
         let mut earliest: Option<Instant> = None;

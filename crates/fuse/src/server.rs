@@ -115,7 +115,18 @@ pub(crate) struct Server {
 pub(crate) struct OpenLog {
     pub seen: std::collections::HashSet<ObjectId>,
     pub order: Vec<ObjectId>,
+    /// Objects larger than this (if not 0) are recorded chunk by chunk.
+    pub chunk_size: u64,
+    /// Per such object (at most [`MAX_CHUNK_LOGS`]), whether each chunk
+    /// was read.
+    pub chunks: std::collections::HashMap<ObjectId, Vec<bool>>,
 }
+
+/// The most objects recorded chunk by chunk; later ones are recorded whole.
+pub(crate) const MAX_CHUNK_LOGS: usize = 1 << 16;
+/// The most chunks an object recorded chunk by chunk may have (1 TiB of
+/// 1 MiB chunks: 1 MiB of flags).
+const MAX_LOGGED_CHUNKS: u64 = 1 << 20;
 
 /// One object node, as handed to a successor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -703,6 +714,15 @@ impl Server {
         if let Some(log) = self.open_log.lock().expect("open log lock").as_mut() {
             if log.order.len() < self.max_nodes && log.seen.insert(id) {
                 log.order.push(id);
+                let cs = log.chunk_size;
+                if cs > 0
+                    && size > cs
+                    && size.div_ceil(cs) <= MAX_LOGGED_CHUNKS
+                    && log.chunks.len() < MAX_CHUNK_LOGS
+                {
+                    log.chunks
+                        .insert(id, vec![false; size.div_ceil(cs) as usize]);
+                }
             }
         }
         // A missing object that a fetch is bringing already (a background
@@ -784,10 +804,13 @@ impl Server {
         let fh = self.new_fh(node);
         let mut flags = open_flags::KEEP_CACHE;
         let mut backing_id = 0;
+        // An object recorded chunk by chunk is served by READ, so that
+        // the server sees which chunks are read.
+        let recorded = self.records_reads(&id);
         {
             let mut nodes = self.nodes.lock().expect("nodes lock");
             let n = nodes.nodes.get_mut(&node).ok_or(libc::ENOENT)?;
-            if self.passthrough.load(Ordering::Relaxed) && n.chunked == 0 {
+            if self.passthrough.load(Ordering::Relaxed) && n.chunked == 0 && !recorded {
                 let bid = match n.backing {
                     Some(b) => Some(b),
                     None => match dev::backing_open(self.dev.as_fd(), &file) {
@@ -894,11 +917,57 @@ impl Server {
                 },
             },
         };
+        if self.open_log.lock().expect("open log lock").is_some() {
+            self.note_read(fh, offset, size);
+        }
         if let Some(p) = partial {
             return p.read(self, unique, offset, size, slot);
         }
         self.reply(Self::read_file(unique, &file, offset, size));
         false
+    }
+
+    /// Whether `id` is recorded chunk by chunk (and so must not be passed
+    /// through).
+    fn records_reads(&self, id: &ObjectId) -> bool {
+        self.open_log
+            .lock()
+            .expect("open log lock")
+            .as_ref()
+            .is_some_and(|l| l.chunks.contains_key(id))
+    }
+
+    /// Records the chunks a READ of handle `fh` covers, if its object is
+    /// recorded chunk by chunk.
+    fn note_read(&self, fh: u64, offset: u64, size: u32) {
+        let node = match self.handles.lock().expect("handles lock").get(&fh) {
+            Some(h) => h.node,
+            None => fh >> FH_SHIFT,
+        };
+        let Some(id) = self
+            .nodes
+            .lock()
+            .expect("nodes lock")
+            .nodes
+            .get(&node)
+            .map(|n| n.id)
+        else {
+            return;
+        };
+        let mut log = self.open_log.lock().expect("open log lock");
+        let Some(l) = log.as_mut() else { return };
+        let cs = l.chunk_size;
+        let Some(read) = l.chunks.get_mut(&id) else {
+            return;
+        };
+        if size == 0 || cs == 0 {
+            return;
+        }
+        let first = offset / cs;
+        let last = (offset.saturating_add(u64::from(size)) - 1) / cs;
+        for k in first..=last.min(read.len() as u64 - 1) {
+            read[k as usize] = true;
+        }
     }
 
     /// Clears a journal slot whose request has been answered.
@@ -964,6 +1033,43 @@ impl Server {
     /// source can fetch it chunk by chunk and fewer than
     /// [`partial::MAX_PARTIALS`] are served; counts a handle on it.
     fn partial_for(&self, id: &ObjectId, size: u64) -> Option<Arc<Partial>> {
+        self.partial_with(id, size, true, partial::MAX_PARTIALS)
+    }
+
+    /// Starts (or joins) a partial of missing object `id` for the chunks
+    /// `chunks` a prefetch list names, and queues them: a later open finds
+    /// them in. The partial is pinned (a handle never released) for the
+    /// server's life, so that its chunks stay until it is opened; without
+    /// `read_behind` it fetches only what the list and reads ask for. At
+    /// most half the partials are taken so: returns false (nothing done)
+    /// past that, or if the object is local, being fetched, or cannot be
+    /// fetched chunk by chunk.
+    pub(crate) fn prefetch_chunks(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        chunks: &[u32],
+        read_behind: bool,
+    ) -> bool {
+        if crate::has_local(&self.store, self.fetcher.source(), id) || self.fetcher.in_flight(id) {
+            return false;
+        }
+        let Some(size) = self.fetcher.source().size(id) else {
+            return false;
+        };
+        let Some(p) = self.partial_with(id, size, read_behind, partial::MAX_PARTIALS / 2) else {
+            return false;
+        };
+        p.want(self, chunks);
+        true
+    }
+
+    fn partial_with(
+        &self,
+        id: &ObjectId,
+        size: u64,
+        read_behind: bool,
+        max: usize,
+    ) -> Option<Arc<Partial>> {
         let mut map = self.fetcher.partials.lock().expect("partials lock");
         if let Some(p) = map.get(id) {
             if p.outcome() == partial::Outcome::Pending {
@@ -977,7 +1083,7 @@ impl Server {
             }
             return None;
         }
-        if map.len() >= partial::MAX_PARTIALS {
+        if map.len() >= max {
             return None;
         }
         let starts = self.fetcher.source().chunks(id)?;
@@ -991,7 +1097,7 @@ impl Server {
             }
             return None;
         }
-        match Partial::new(&self.store.tmp_dir(), *id, size, starts) {
+        match Partial::new(&self.store.tmp_dir(), *id, size, starts, read_behind) {
             Ok(p) => {
                 let p = Arc::new(p);
                 p.add_handle();

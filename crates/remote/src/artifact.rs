@@ -11,7 +11,7 @@ use std::io::Read;
 use cairn_oci::Digest;
 use cairn_spec::media_type::{
     CAIRN_LAZY_ARTIFACT, CAIRN_LAZY_EROFS, CAIRN_LAZY_INDEX, CAIRN_LAZY_PACK, CAIRN_LAZY_PREFETCH,
-    OCI_INDEX, OCI_MANIFEST,
+    CAIRN_LAZY_PREFETCH_V2, OCI_INDEX, OCI_MANIFEST,
 };
 use serde_json::{json, Value};
 
@@ -175,7 +175,7 @@ pub fn parse(bytes: &[u8], what: &str) -> Result<Artifact, RemoteError> {
                 &mut erofs
             }
             CAIRN_LAZY_INDEX => &mut index,
-            CAIRN_LAZY_PREFETCH => &mut prefetch,
+            CAIRN_LAZY_PREFETCH | CAIRN_LAZY_PREFETCH_V2 => &mut prefetch,
             CAIRN_LAZY_PACK => {
                 packs.push(b);
                 continue;

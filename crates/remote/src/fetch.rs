@@ -444,8 +444,26 @@ impl RemoteObjects {
 
     /// The artifact's prefetch list (objects to fetch first), fetched and
     /// checked against its digest; empty when the artifact has none. Ids
-    /// the index does not list are left out (the list is a hint).
+    /// the index does not list are left out (the list is a hint). An
+    /// entry that names chunks (a v2 list) is given as its object, for a
+    /// caller that fetches whole objects ([`Self::prefetch_entries`] has
+    /// the chunks).
     pub fn prefetch_list(&self) -> Result<Vec<ObjectId>, RemoteError> {
+        Ok(self.prefetch_entries()?.into_iter().map(|e| e.id).collect())
+    }
+
+    /// Whether the artifact's prefetch list may name chunks (a v2 list).
+    pub fn prefetch_names_chunks(&self) -> bool {
+        self.prefetch
+            .as_ref()
+            .is_some_and(|b| b.media_type == cairn_spec::media_type::CAIRN_LAZY_PREFETCH_V2)
+    }
+
+    /// The artifact's prefetch list as entries (`crate::prefetch`):
+    /// fetched, checked against its digest, parsed with its limits, and
+    /// resolved against the index (unknown ids dropped, chunk indices
+    /// checked).
+    pub fn prefetch_entries(&self) -> Result<Vec<crate::prefetch::Entry>, RemoteError> {
         let Some(list) = &self.prefetch else {
             return Ok(Vec::new());
         };
@@ -469,17 +487,8 @@ impl RemoteObjects {
         if Digest::of(&bytes) != list.digest {
             return Err(RemoteError::invalid(&what, "does not hash to its digest"));
         }
-        if bytes.len() % 32 != 0 {
-            return Err(RemoteError::invalid(
-                &what,
-                format!("{} bytes, not a whole number of 32-byte ids", bytes.len()),
-            ));
-        }
-        Ok(bytes
-            .chunks_exact(32)
-            .map(|raw| ObjectId(raw.try_into().expect("32 bytes")))
-            .filter(|id| self.index.size(id).is_some())
-            .collect())
+        let entries = crate::prefetch::parse(&list.media_type, &bytes, &what)?;
+        crate::prefetch::resolve(entries, &self.index, &what)
     }
 
     fn not_listed(&self, id: &ObjectId) -> RemoteError {

@@ -467,21 +467,22 @@ pub fn pull_lazy(
         let pwhat = format!("prefetch list {} of {display}", list.digest);
         let bytes = fetch_blob(&reg, &repo, list, MAX_PREFETCH, &pwhat)?;
         fetched += bytes.len() as u64;
-        if bytes.len() % 32 != 0 {
-            return Err(RemoteError::invalid(
-                &pwhat,
-                format!("{} bytes, not a whole number of 32-byte ids", bytes.len()),
-            ));
-        }
+        let entries = crate::prefetch::parse(&list.media_type, &bytes, &pwhat)?;
         let remote = crate::fetch::RemoteObjects::open(store, &image_sha, &opts.client)?;
         // Only objects the image uses: the list is a hint, not a command.
         // Fetched as `cairn fetch` fetches (neighbours of a pack in one
         // request, a few requests in flight, one publication a group):
         // `cairn push` puts the list's objects first in the packs, in its
         // order, so they come in a few large requests.
-        let listed: Vec<ObjectId> = bytes
-            .chunks_exact(32)
-            .map(|raw| ObjectId(raw.try_into().expect("32 bytes")))
+        // A v2 entry that names chunks of a large object is left to the
+        // lazy layer's server, which fetches only those chunks into the
+        // partial object its opens read: a partial object is not stored
+        // (only whole, checked objects are), so the pull has nowhere to
+        // keep them (docs/lazy-fuse.md, "Chunk entries of the list").
+        let listed: Vec<ObjectId> = crate::prefetch::resolve(entries, remote.index(), &pwhat)?
+            .into_iter()
+            .filter(|e| e.chunks.is_none())
+            .map(|e| e.id)
             .filter(|id| objects.contains_key(id))
             .collect();
         let (n, _, _) =

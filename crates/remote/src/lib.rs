@@ -31,6 +31,7 @@ pub mod estargz_pull;
 pub mod fetch;
 pub mod index;
 pub mod lazy;
+pub mod prefetch;
 pub mod push;
 
 pub use error::RemoteError;

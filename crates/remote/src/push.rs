@@ -17,10 +17,11 @@ use std::io::Read;
 
 use cairn_erofs::tree::InodeData;
 use cairn_oci::client::Referrers;
+use std::collections::HashMap;
+
 use cairn_oci::{ClientOptions, Digest, ImageRef, Registry};
 use cairn_spec::media_type::{
-    CAIRN_LAZY_EROFS, CAIRN_LAZY_INDEX, CAIRN_LAZY_PACK, CAIRN_LAZY_PREFETCH, OCI_CONFIG,
-    OCI_MANIFEST,
+    CAIRN_LAZY_EROFS, CAIRN_LAZY_INDEX, CAIRN_LAZY_PACK, OCI_CONFIG, OCI_MANIFEST,
 };
 use cairn_store::{FsVerityHasher, ObjectId, Store};
 use serde::Serialize;
@@ -93,6 +94,70 @@ type PathObjects = Vec<(Vec<u8>, ObjectId)>;
 struct ToPack {
     id: ObjectId,
     size: u64,
+}
+
+/// The tab that ends a line of a prefetch file's path and starts its
+/// chunk annotation: `/path<TAB>chunks=0-1,6` (the chunks read of a large
+/// file; indices, or ranges of them, increasing). A line without it is a
+/// path, the whole file (v1's line).
+pub const CHUNKS_TAG: &[u8] = b"\tchunks=";
+/// The most chunk indices one line may name.
+const MAX_LINE_CHUNKS: u64 = crate::prefetch::MAX_ENTRY_CHUNKS as u64;
+
+/// A line of a prefetch file (`cairn run --record-prefetch` writes them,
+/// `cairn push --prefetch` reads them): the path, and the chunks read if
+/// the line names any.
+pub fn parse_prefetch_line(line: &[u8]) -> Result<(Vec<u8>, Option<Vec<u32>>), String> {
+    let Some(at) = line
+        .windows(CHUNKS_TAG.len())
+        .rposition(|w| w == CHUNKS_TAG)
+    else {
+        return Ok((line.to_vec(), None));
+    };
+    let (path, rest) = (&line[..at], &line[at + CHUNKS_TAG.len()..]);
+    let rest = std::str::from_utf8(rest).map_err(|_| "chunks are not text".to_string())?;
+    let mut chunks: Vec<u32> = Vec::new();
+    for part in rest.split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a, b),
+            None => (part, part),
+        };
+        let num = |t: &str| {
+            t.parse::<u32>()
+                .map_err(|_| format!("{t:?} is not a chunk index"))
+        };
+        let (a, b) = (num(a)?, num(b)?);
+        if b < a || chunks.last().is_some_and(|&l| a <= l) {
+            return Err(format!("chunks {rest:?} are not increasing"));
+        }
+        if chunks.len() as u64 + u64::from(b - a) + 1 > MAX_LINE_CHUNKS {
+            return Err(format!("more than {MAX_LINE_CHUNKS} chunks"));
+        }
+        chunks.extend(a..=b);
+    }
+    Ok((path.to_vec(), Some(chunks)))
+}
+
+/// `chunks` (increasing) as a prefetch file writes them: `0-1,6`.
+pub fn format_chunks(chunks: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < chunks.len() {
+        let mut j = i;
+        while j + 1 < chunks.len() && chunks[j + 1] == chunks[j] + 1 {
+            j += 1;
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if j == i {
+            out += &chunks[i].to_string();
+        } else {
+            out += &format!("{}-{}", chunks[i], chunks[j]);
+        }
+        i = j + 1;
+    }
+    out
 }
 
 /// The objects of an EROFS image in walk order (each once), and the
@@ -212,6 +277,54 @@ impl Packer<'_> {
     /// Packs the object `o` from `store` with zstd level `level`, checking
     /// it against its name.
     fn add(&mut self, store: &Store, o: &ToPack, level: i32) -> Result<(), RemoteError> {
+        self.add_rest(store, o, level, &[])
+    }
+
+    /// Packs the chunks `chunks` (indices, increasing) of the chunked
+    /// object `o` only: the chunks a recorded start read, packed ahead of
+    /// everything else. The object is finished by [`Packer::add_rest`],
+    /// given the frames returned here, which checks it whole.
+    fn add_chunks(
+        &mut self,
+        store: &Store,
+        o: &ToPack,
+        chunks: &[u32],
+        level: i32,
+    ) -> Result<Vec<(u32, Frame)>, RemoteError> {
+        let path = store.object_path(&o.id);
+        let corrupt = |why: String| RemoteError::CannotPush {
+            image: String::new(),
+            why: format!("object {} in the store: {why} (run `cairn fsck`)", o.id),
+        };
+        let file = File::open(&path).map_err(|e| corrupt(format!("opening: {e}")))?;
+        let cs = u64::from(CHUNK_SIZE);
+        let mut out = Vec::with_capacity(chunks.len());
+        for &k in chunks {
+            let at = u64::from(k) * cs;
+            let n = usize::try_from(o.size.saturating_sub(at).min(cs)).unwrap_or(0);
+            if n == 0 {
+                return Err(corrupt(format!("no chunk {k} in {} bytes", o.size)));
+            }
+            let mut buf = vec![0u8; n];
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, at)
+                .map_err(|e| corrupt(format!("reading at {at}: {e}")))?;
+            let sha: [u8; 32] = Sha256::digest(&buf).into();
+            out.push((k, self.frame(&buf, Some(sha), level)?));
+            self.close_if_full()?;
+        }
+        Ok(out)
+    }
+
+    /// Packs `o`, but for the chunks in `done` (packed earlier by
+    /// [`Packer::add_chunks`]), whose frames it takes if the chunk still
+    /// hashes to what they hold; checks the whole object against its name.
+    fn add_rest(
+        &mut self,
+        store: &Store,
+        o: &ToPack,
+        level: i32,
+        done: &[(u32, Frame)],
+    ) -> Result<(), RemoteError> {
         let path = store.object_path(&o.id);
         let corrupt = |why: String| RemoteError::CannotPush {
             image: String::new(),
@@ -237,8 +350,15 @@ impl Packer<'_> {
                 .map_err(|e| corrupt(format!("reading at {}: {e}", o.size - left)))?;
             hasher.update(&buf[..n]);
             let sha: [u8; 32] = Sha256::digest(&buf[..n]).into();
-            let chunk = buf[..n].to_vec();
-            frames.push(self.frame(&chunk, Some(sha), level)?);
+            let k = frames.len() as u32;
+            match done.iter().find(|(d, _)| *d == k) {
+                Some((_, f)) if f.sha256 == Some(sha) => frames.push(*f),
+                Some(_) => return Err(corrupt(format!("chunk {k} changed while it was packed"))),
+                None => {
+                    let chunk = buf[..n].to_vec();
+                    frames.push(self.frame(&chunk, Some(sha), level)?);
+                }
+            }
             left -= n as u64;
             self.close_if_full()?;
         }
@@ -291,6 +411,10 @@ pub fn push(
         image: image_digest.to_string(),
         why,
     };
+    let unwrap_cannot = |e: RemoteError| match e {
+        RemoteError::CannotPush { why, .. } => cannot(why),
+        e => e,
+    };
     let record = store.image_record(image_digest)?.ok_or_else(|| {
         cannot(
             "it has no image record (made by `cairn mkfs`?), so there is no manifest to name as \
@@ -341,19 +465,60 @@ pub fn push(
     let image = std::fs::read(store.image_path(image_digest))
         .map_err(|e| cannot(format!("reading its EROFS image: {e}")))?;
     let (mut objects, paths) = objects_in_walk_order(&image, image_digest)?;
-    let mut prefetch_ids = Vec::new();
-    for p in &opts.prefetch {
-        let Some((_, id)) = paths.iter().find(|(q, _)| q == p) else {
+    // The list's entries, each object once (chunk sets of one object
+    // named by several paths are merged; a whole entry wins).
+    let mut entries: Vec<crate::prefetch::Entry> = Vec::new();
+    for line in &opts.prefetch {
+        let (p, chunks) = parse_prefetch_line(line).map_err(|why| {
+            cannot(format!(
+                "prefetch line {:?}: {why}",
+                String::from_utf8_lossy(line)
+            ))
+        })?;
+        let Some((_, id)) = paths.iter().find(|(q, _)| *q == p) else {
             return Err(cannot(format!(
                 "prefetch path {} is not a file backed by an object in the image",
-                String::from_utf8_lossy(p)
+                String::from_utf8_lossy(&p)
             )));
         };
-        if !prefetch_ids.contains(id) {
-            prefetch_ids.push(*id);
+        let size = objects.iter().find(|o| o.id == *id).map_or(0, |o| o.size);
+        let nchunks = size.div_ceil(u64::from(CHUNK_SIZE));
+        if let Some(k) = chunks
+            .iter()
+            .flatten()
+            .find(|&&k| u64::from(k) >= nchunks.max(1))
+        {
+            return Err(cannot(format!(
+                "prefetch path {}: chunk {k}, but its object has {} chunks",
+                String::from_utf8_lossy(&p),
+                nchunks.max(1)
+            )));
+        }
+        // Chunks of an object of one frame, or every chunk: the whole object.
+        let chunks = chunks.filter(|c| nchunks >= 2 && (c.len() as u64) < nchunks);
+        match entries.iter_mut().find(|e| e.id == *id) {
+            None => entries.push(crate::prefetch::Entry { id: *id, chunks }),
+            Some(e) => match (&mut e.chunks, chunks) {
+                (Some(have), Some(more)) => {
+                    have.extend(more);
+                    have.sort_unstable();
+                    have.dedup();
+                    if have.len() as u64 >= nchunks {
+                        e.chunks = None;
+                    }
+                }
+                (have, None) => *have = None,
+                (None, Some(_)) => {}
+            },
         }
     }
-    // Prefetched objects first, the rest in walk order.
+    let prefetch_ids: Vec<ObjectId> = entries
+        .iter()
+        .filter(|e| e.chunks.is_none())
+        .map(|e| e.id)
+        .collect();
+    // Prefetched whole objects first, the rest in walk order (the listed
+    // chunks of partly read objects are packed before all of them, below).
     objects.sort_by_key(|o| {
         prefetch_ids
             .iter()
@@ -414,18 +579,42 @@ pub fn push(
         packs: Vec::new(),
         upload: &mut upload_pack,
     };
+    // The list in its order: whole objects whole, partly read objects
+    // only the chunks that were read; the rest of those objects is packed
+    // where the walk meets them.
+    let mut early: HashMap<ObjectId, Vec<(u32, Frame)>> = HashMap::new();
+    let mut packed_whole = 0usize;
+    for e in &entries {
+        let o = objects
+            .iter()
+            .find(|o| o.id == e.id)
+            .expect("listed objects are the image's");
+        match &e.chunks {
+            None => {
+                // The sorted `objects` start with the whole entries, in
+                // this order: pack them here, and skip them below.
+                packer
+                    .add(store, o, opts.prefetch_level)
+                    .map_err(unwrap_cannot)?;
+                packed_whole += 1;
+            }
+            Some(c) => {
+                let frames = packer
+                    .add_chunks(store, o, c, opts.prefetch_level)
+                    .map_err(unwrap_cannot)?;
+                early.insert(o.id, frames);
+            }
+        }
+    }
     let mut object_bytes = 0u64;
-    for (i, o) in objects.iter().enumerate() {
-        // The list's objects are the first ones (sorted above).
-        let level = if i < prefetch_ids.len() {
-            opts.prefetch_level
-        } else {
-            opts.level
-        };
-        packer.add(store, o, level).map_err(|e| match e {
-            RemoteError::CannotPush { why, .. } => cannot(why),
-            e => e,
-        })?;
+    for o in &objects[..packed_whole] {
+        object_bytes += o.size;
+    }
+    for o in &objects[packed_whole..] {
+        let done = early.remove(&o.id).unwrap_or_default();
+        packer
+            .add_rest(store, o, opts.level, &done)
+            .map_err(unwrap_cannot)?;
         object_bytes += o.size;
     }
     packer.close()?;
@@ -438,11 +627,12 @@ pub fn push(
     let index_z = zstd::bulk::compress(&index_bytes, 3)
         .map_err(|e| RemoteError::invalid("the index", format!("zstd: {e}")))?;
     let index = upload(&index_z, CAIRN_LAZY_INDEX, "index")?;
-    let prefetch = if prefetch_ids.is_empty() {
+    // v1 (ids) when every entry is a whole object, v2 otherwise.
+    let prefetch = if entries.is_empty() {
         None
     } else {
-        let list: Vec<u8> = prefetch_ids.iter().flat_map(|id| id.0).collect();
-        Some(upload(&list, CAIRN_LAZY_PREFETCH, "prefetch list")?)
+        let (media_type, list) = crate::prefetch::encode(&entries);
+        Some(upload(&list, media_type, "prefetch list")?)
     };
     let erofs_sha = hex::encode(Sha256::digest(&image));
     let manifest_bytes = artifact::manifest_bytes(&artifact::Parts {
@@ -515,4 +705,32 @@ pub fn push(
         uploaded_blobs: uploaded,
         referrers: referrers.to_string(),
     })
+}
+
+#[cfg(test)]
+mod line_tests {
+    use super::*;
+
+    #[test]
+    fn prefetch_lines_with_and_without_chunks() {
+        assert_eq!(
+            parse_prefetch_line(b"/a b").unwrap(),
+            (b"/a b".to_vec(), None)
+        );
+        assert_eq!(
+            parse_prefetch_line(b"/lib/x.so\tchunks=0-2,6").unwrap(),
+            (b"/lib/x.so".to_vec(), Some(vec![0, 1, 2, 6]))
+        );
+        assert_eq!(format_chunks(&[0, 1, 2, 6, 8, 9]), "0-2,6,8-9");
+        for bad in [
+            &b"/x\tchunks="[..],
+            b"/x\tchunks=3,1",
+            b"/x\tchunks=1-0",
+            b"/x\tchunks=1,1",
+            b"/x\tchunks=a",
+            b"/x\tchunks=0-4294967295",
+        ] {
+            assert!(parse_prefetch_line(bad).is_err(), "{bad:?}");
+        }
+    }
 }

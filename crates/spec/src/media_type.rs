@@ -37,6 +37,9 @@ pub const CAIRN_LAZY_EROFS: &str = "application/vnd.cairn.lazy.v1.erofs+zstd";
 pub const CAIRN_LAZY_INDEX: &str = "application/vnd.cairn.lazy.v1.index+zstd";
 /// Its prefetch list: object ids, 32 bytes each, in the order to fetch them.
 pub const CAIRN_LAZY_PREFETCH: &str = "application/vnd.cairn.lazy.v1.prefetch";
+/// Its prefetch list, version 2: objects, and for large objects read in
+/// part the chunks that were read (`cairn_remote::prefetch`).
+pub const CAIRN_LAZY_PREFETCH_V2: &str = "application/vnd.cairn.lazy.v2.prefetch";
 /// One pack of objects, each a zstd frame (or a run of 1 MiB chunk frames).
 pub const CAIRN_LAZY_PACK: &str = "application/vnd.cairn.lazy.v1.pack";
 
