@@ -250,7 +250,13 @@ sent_since() {
   tail -n +"$(($1 + 1))" "$work/registry/access.log" | awk '$10 ~ /^[0-9]+$/ { t += $10 } END { printf "%d", t }'
 }
 
+# Every sample makes a fresh containerd root and cairn store right after the
+# last sample's were deleted: with `chattr +T` ext4 spreads each new sample
+# directory over other block groups, instead of making its files wait on
+# the inodes freed a moment ago (docs/machines.md, `recently_deleted()`).
+chattr +T "$work" 2>/dev/null || true
 mkdir -p "$run_dir"
+chattr +T "$run_dir" 2>/dev/null || true
 samples=$run_dir/samples.tsv cmds=$run_dir/cmd.tsv
 : >"$samples"
 : >"$cmds"
