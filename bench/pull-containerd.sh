@@ -556,6 +556,9 @@ mkdir -p "$work"
 chattr +T "$work" 2>/dev/null || true
 run_dir=$work/run-$(date +%s)-$$
 mkdir -p "$run_dir/s"
+# Each sample writes into a fresh directory of s/, spread by ext4 over other
+# block groups than the trees deleted before it (docs/machines.md).
+chattr +T "$run_dir/s" 2>/dev/null || true
 samples=$run_dir/samples.tsv
 : >"$samples"
 # A copy: the binary given may be rebuilt while this runs.
@@ -592,6 +595,7 @@ for img in "${images[@]}"; do
       umount_below "$run_dir/s"
       rm -rf "$run_dir/s"
       mkdir "$run_dir/s"
+      chattr +T "$run_dir/s" 2>/dev/null || true
     fi
   done
 done
