@@ -27,8 +27,13 @@ use rustix::io::Errno;
 use crate::dev;
 use crate::fetch::Fetcher;
 use crate::journal::{Journal, FH_SHIFT};
-use crate::partial::{self, Partial};
+use crate::partial::Partial;
 use crate::proto::{self, open_flags, Attr, Op, Reply, Request};
+
+mod chunked;
+mod succession;
+
+pub(crate) use succession::{NodeState, ServerState};
 
 /// The first node id given to an object.
 pub(crate) const FIRST_OBJECT_ID: u64 = 0x1000;
@@ -127,29 +132,6 @@ pub(crate) const MAX_CHUNK_LOGS: usize = 1 << 16;
 /// The most chunks an object recorded chunk by chunk may have (1 TiB of
 /// 1 MiB chunks: 1 MiB of flags).
 const MAX_LOGGED_CHUNKS: u64 = 1 << 20;
-
-/// One object node, as handed to a successor.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NodeState {
-    pub node: u64,
-    pub id: ObjectId,
-    pub size: u64,
-    pub nlookup: u64,
-    pub opens: u32,
-    /// 0 for none.
-    pub backing: i32,
-}
-
-/// Everything a successor needs to serve the same connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ServerState {
-    pub passthrough: bool,
-    pub next_node: u64,
-    pub next_fh: u64,
-    pub nodes: Vec<NodeState>,
-    /// (handle, node).
-    pub handles: Vec<(u64, u64)>,
-}
 
 /// Whether the loop goes on after a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -254,119 +236,11 @@ impl Server {
         self
     }
 
-    /// The journal's index of `node`, if it names an object of the list.
-    fn journal_index(&self, node: u64) -> Option<usize> {
-        let j = self.journal.as_ref()?;
-        let i = node.checked_sub(FIRST_OBJECT_ID)? as usize;
-        (i < j.objects.len()).then_some(i)
-    }
-
-    /// Writes `node`'s opens and backing id through to the journal.
-    fn persist(&self, node: u64, n: &Node) {
-        if let (Some(j), Some(i)) = (&self.journal, self.journal_index(node)) {
-            j.write_node(i, n.opens, n.backing);
-        }
-    }
-
     /// The size of object `id`: the store's file, else the source's word.
     fn object_size(&self, id: &ObjectId) -> Option<u64> {
         match std::fs::metadata(crate::local_path(&self.store, self.fetcher.source(), id)) {
             Ok(m) if m.is_file() => Some(m.len()),
             _ => self.fetcher.source().size(id),
-        }
-    }
-
-    /// Makes sure the node table holds `node` when it is one of the
-    /// journal's objects that a predecessor gave the kernel (its lookup
-    /// count is then unknown: 0, so it stays until its opens are gone).
-    fn materialize(&self, node: u64) {
-        let Some(i) = self.journal_index(node) else {
-            return;
-        };
-        if self
-            .nodes
-            .lock()
-            .expect("nodes lock")
-            .nodes
-            .contains_key(&node)
-        {
-            return;
-        }
-        let id = self.journal.as_ref().expect("journal").objects[i];
-        let Some(size) = self.object_size(&id) else {
-            return;
-        };
-        let mut nodes = self.nodes.lock().expect("nodes lock");
-        if !nodes.nodes.contains_key(&node) {
-            nodes.by_id.insert(id, node);
-            nodes.nodes.insert(
-                node,
-                Node {
-                    id,
-                    size,
-                    nlookup: 0,
-                    opens: 0,
-                    chunked: 0,
-                    backing: None,
-                },
-            );
-        }
-    }
-
-    /// A successor's start: the journal's open counts and backing ids
-    /// into the node table, then the requests the predecessor left
-    /// unanswered handled again (a RELEASE is only answered: whether the
-    /// predecessor applied it is unknown, and an open count too high only
-    /// keeps a backing id registered until the connection ends).
-    pub fn resume(self: &Arc<Self>) {
-        let Some(j) = self.journal.clone() else {
-            return;
-        };
-        self.passthrough.store(j.passthrough(), Ordering::Relaxed);
-        let live = j.live_nodes();
-        for &(i, _, _) in &live {
-            self.materialize(FIRST_OBJECT_ID + i as u64);
-        }
-        {
-            let mut nodes = self.nodes.lock().expect("nodes lock");
-            for (i, opens, backing) in live {
-                if let Some(n) = nodes.nodes.get_mut(&(FIRST_OBJECT_ID + i as u64)) {
-                    n.opens = opens;
-                    n.backing = backing;
-                    // Opens without a backing id were served by READ (the
-                    // object was being fetched chunk by chunk); the kernel
-                    // refuses passthrough opens of the inode until they are
-                    // released.
-                    n.chunked = if backing.is_none() { opens } else { 0 };
-                }
-            }
-        }
-        let left = j.take_requests();
-        if !left.is_empty() {
-            tracing::warn!(
-                "answering {} requests a killed predecessor left",
-                left.len()
-            );
-        }
-        for msg in left {
-            match proto::InHeader::parse(&msg) {
-                Ok(h) if h.opcode == proto::opcode::RELEASE => {
-                    self.reply(Reply::ok(h.unique));
-                }
-                Ok(h)
-                    if matches!(
-                        h.opcode,
-                        proto::opcode::FORGET
-                            | proto::opcode::BATCH_FORGET
-                            | proto::opcode::INTERRUPT
-                            | proto::opcode::DESTROY
-                            | proto::opcode::INIT
-                    ) => {}
-                Ok(_) => {
-                    self.handle(&msg);
-                }
-                Err(_) => {}
-            }
         }
     }
 
@@ -382,81 +256,6 @@ impl Server {
                 false
             }
         }
-    }
-
-    /// The state a successor needs. Call only once no worker runs and no
-    /// open is pending.
-    pub fn export_state(&self) -> ServerState {
-        let nodes = self.nodes.lock().expect("nodes lock");
-        let handles = self.handles.lock().expect("handles lock");
-        let mut ns: Vec<NodeState> = nodes
-            .nodes
-            .iter()
-            .map(|(&node, n)| NodeState {
-                node,
-                id: n.id,
-                size: n.size,
-                nlookup: n.nlookup,
-                opens: n.opens,
-                backing: n.backing.unwrap_or(0),
-            })
-            .collect();
-        ns.sort_by_key(|n| n.node);
-        let mut hs: Vec<(u64, u64)> = handles.iter().map(|(&fh, h)| (fh, h.node)).collect();
-        hs.sort();
-        ServerState {
-            passthrough: self.passthrough.load(Ordering::Relaxed),
-            next_node: nodes.next,
-            next_fh: self.next_fh.load(Ordering::Relaxed),
-            nodes: ns,
-            handles: hs,
-        }
-    }
-
-    /// Takes over a predecessor's state (already validated by
-    /// `handover::decode`): nodes as they were, and each handle's file
-    /// opened again from the store.
-    pub fn import_state(&self, st: ServerState) -> Result<(), String> {
-        let by_node: HashMap<u64, ObjectId> = st.nodes.iter().map(|n| (n.node, n.id)).collect();
-        let mut handles = HashMap::with_capacity(st.handles.len());
-        for &(fh, node) in &st.handles {
-            let id = by_node[&node];
-            let path = crate::local_path(&self.store, self.fetcher.source(), &id);
-            let file = File::open(&path).map_err(|e| {
-                format!(
-                    "handle {fh} of object {id}: opening {}: {e}",
-                    path.display()
-                )
-            })?;
-            handles.insert(
-                fh,
-                Handle {
-                    node,
-                    file: Arc::new(file),
-                    partial: None,
-                },
-            );
-        }
-        let mut nodes = self.nodes.lock().expect("nodes lock");
-        nodes.next = st.next_node;
-        for n in st.nodes {
-            nodes.by_id.insert(n.id, n.node);
-            nodes.nodes.insert(
-                n.node,
-                Node {
-                    id: n.id,
-                    size: n.size,
-                    nlookup: n.nlookup,
-                    opens: n.opens,
-                    backing: (n.backing != 0).then_some(n.backing),
-                    chunked: 0,
-                },
-            );
-        }
-        *self.handles.lock().expect("handles lock") = handles;
-        self.next_fh.store(st.next_fh, Ordering::Relaxed);
-        self.passthrough.store(st.passthrough, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Live backing ids (for tests: zero once everything is closed).
@@ -1027,161 +826,6 @@ impl Server {
             },
         );
         Some(p)
-    }
-
-    /// The partial of missing object `id` (joined, or started), if the
-    /// source can fetch it chunk by chunk and fewer than
-    /// [`partial::MAX_PARTIALS`] are served; counts a handle on it.
-    fn partial_for(&self, id: &ObjectId, size: u64) -> Option<Arc<Partial>> {
-        self.partial_with(id, size, true, partial::MAX_PARTIALS)
-    }
-
-    /// Starts (or joins) a partial of missing object `id` for the chunks
-    /// `chunks` a prefetch list names, and queues them: a later open finds
-    /// them in. The partial is pinned (a handle never released) for the
-    /// server's life, so that its chunks stay until it is opened; without
-    /// `read_behind` it fetches only what the list and reads ask for. At
-    /// most half the partials are taken so: returns false (nothing done)
-    /// past that, or if the object is local, being fetched, or cannot be
-    /// fetched chunk by chunk.
-    pub(crate) fn prefetch_chunks(
-        self: &Arc<Self>,
-        id: &ObjectId,
-        chunks: &[u32],
-        read_behind: bool,
-    ) -> bool {
-        if crate::has_local(&self.store, self.fetcher.source(), id) || self.fetcher.in_flight(id) {
-            return false;
-        }
-        let Some(size) = self.fetcher.source().size(id) else {
-            return false;
-        };
-        let Some(p) = self.partial_with(id, size, read_behind, partial::MAX_PARTIALS / 2) else {
-            return false;
-        };
-        p.want(self, chunks);
-        true
-    }
-
-    fn partial_with(
-        &self,
-        id: &ObjectId,
-        size: u64,
-        read_behind: bool,
-        max: usize,
-    ) -> Option<Arc<Partial>> {
-        let mut map = self.fetcher.partials.lock().expect("partials lock");
-        if let Some(p) = map.get(id) {
-            if p.outcome() == partial::Outcome::Pending {
-                p.add_handle();
-                return Some(p.clone());
-            }
-            // Refused (or published and gone from the store since): a
-            // new open starts afresh, as after any failed fetch.
-            if p.idle() {
-                map.remove(id);
-            }
-            return None;
-        }
-        if map.len() >= max {
-            return None;
-        }
-        let starts = self.fetcher.source().chunks(id)?;
-        if !partial::valid_starts(&starts, size) {
-            if starts.len() > 1 {
-                tracing::warn!(
-                    object = %id,
-                    "the source cuts object {id} ({size} bytes) in {} chunks that do not tile it;                      fetching it whole",
-                    starts.len()
-                );
-            }
-            return None;
-        }
-        match Partial::new(&self.store.tmp_dir(), *id, size, starts, read_behind) {
-            Ok(p) => {
-                let p = Arc::new(p);
-                p.add_handle();
-                map.insert(*id, p.clone());
-                Some(p)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    object = %id,
-                    "staging object {id} for chunked reads in {}: {e}; fetching it whole",
-                    self.store.tmp_dir().display()
-                );
-                None
-            }
-        }
-    }
-
-    /// Answers an OPEN of a missing object with a handle whose READs are
-    /// served from its partial (no passthrough, the page cache kept: its
-    /// bytes never change).
-    fn open_chunked(&self, unique: u64, node: u64, p: Arc<Partial>) {
-        let fh = self.new_fh(node);
-        {
-            let mut nodes = self.nodes.lock().expect("nodes lock");
-            let Some(n) = nodes.nodes.get_mut(&node) else {
-                drop(nodes);
-                if p.drop_handle() {
-                    self.forget_partial_if_idle(&p.id);
-                }
-                self.reply(Reply::error(unique, libc::ENOENT));
-                return;
-            };
-            n.opens += 1;
-            n.chunked += 1;
-            self.persist(node, n);
-        }
-        self.counters.chunked_opens.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().expect("handles lock").insert(
-            fh,
-            Handle {
-                node,
-                file: p.file.clone(),
-                partial: Some(p),
-            },
-        );
-        if !self.reply(Reply::ok(unique).open(fh, open_flags::KEEP_CACHE, 0)) {
-            self.release(fh);
-        }
-    }
-
-    /// Drops the partial of `id` from the table if nothing holds it.
-    pub fn forget_partial_if_idle(&self, id: &ObjectId) {
-        self.fetcher.forget_partial_if_idle(id);
-    }
-
-    /// Starts (once) the thread that fails chunked reads waiting past
-    /// their deadline; it holds the server weakly and ends with it.
-    pub fn start_partial_timer(self: &Arc<Self>) {
-        if self.partial_timer.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let weak = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new()
-            .name("cairn-chunk-timer".into())
-            .spawn(move || loop {
-                std::thread::sleep(std::time::Duration::from_millis(200));
-                let Some(server) = weak.upgrade() else { return };
-                let partials: Vec<Arc<Partial>> = server
-                    .fetcher
-                    .partials
-                    .lock()
-                    .expect("partials lock")
-                    .values()
-                    .cloned()
-                    .collect();
-                let now = std::time::Instant::now();
-                for p in partials {
-                    p.expire(&server, now);
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("starting the chunked read timer: {e}");
-            self.partial_timer.store(false, Ordering::SeqCst);
-        }
     }
 
     /// Directory listings: ".", "..", and for the root the 256 fan-out
