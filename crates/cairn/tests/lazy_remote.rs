@@ -465,6 +465,18 @@ fn referrers_api_and_a_registry_that_ignores_range() {
     assert_fsck_clean(&b, "after a fetch from a registry that ignores Range");
 }
 
+/// (path, size, object id in hex) of the files of a `cairn dump` that are
+/// backed by objects (their payload is `ab/cdef…`), in dump order.
+fn object_files(dump: &str) -> Vec<(&str, u64, String)> {
+    dump.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 8 && f[8].len() == 65 && f[8].as_bytes()[2] == b'/')
+                .then(|| (f[0], f[1].parse().unwrap(), f[8].replace('/', "")))
+        })
+        .collect()
+}
+
 /// `cairn push --prefetch FILE` packs those files' objects first and
 /// names them in the artifact's prefetch list; `pull --lazy` fetches
 /// them (and only them); `pull --lazy --no-prefetch` nothing (a lazy
@@ -479,12 +491,9 @@ fn prefetch_list_objects_come_with_the_lazy_pull() {
     cairn_ok(&a, &["pull", "-q", &reference]);
     // Three files backed by objects, from the image's dumpfile.
     let dump = cairn_ok(&a, &["dump", &reference]);
-    let files: Vec<&str> = dump
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.len() > 8 && f[8].len() == 65 && f[8].as_bytes()[2] == b'/').then_some(f[0])
-        })
+    let files: Vec<&str> = object_files(&dump)
+        .into_iter()
+        .map(|f| f.0)
         .take(3)
         .collect();
     assert_eq!(files.len(), 3, "{dump}");
@@ -595,15 +604,7 @@ fn a_prefetch_list_of_chunks_packs_them_first() {
     let reference = reg.reference("lazy/pfc:full");
     cairn_ok(&a, &["pull", "-q", &reference]);
     let dump = cairn_ok(&a, &["dump", &reference]);
-    // (path, size, payload) of the files backed by objects
-    let files: Vec<(&str, u64, String)> = dump
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.len() > 8 && f[8].len() == 65 && f[8].as_bytes()[2] == b'/')
-                .then(|| (f[0], f[1].parse().unwrap(), f[8].replace('/', "")))
-        })
-        .collect();
+    let files = object_files(&dump);
     let small = files.iter().find(|f| f.1 > 0 && f.1 < 1 << 20).unwrap();
     let tool = files.iter().find(|f| f.0 == "/bin/tool").unwrap();
     assert!(tool.1 > 1 << 20 && tool.1 <= 2 << 20, "{tool:?}");
