@@ -1180,13 +1180,45 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     };
     let expect =
         |i: usize| String::from_utf8(support::images::text(500 + i, 20_000 + i as u64)).unwrap();
-    assert_eq!(cat(&ds, 0, "/usr/lib/new000.txt"), expect(0));
+    // A wrong read fails with what tells a wrong file from lost output:
+    // the length read, a second read, the file's size as `wc -c` reads it
+    // in the container, and the snapshotter's log (CI once saw an empty
+    // read of new000.txt).
+    let check = |ds: &Daemons, n: u32, path: &str, i: usize| {
+        let (got, want) = (cat(ds, n, path), expect(i));
+        if got != want {
+            let again = cat(ds, n + 100, path);
+            let sum = ds.ctr_out(&[
+                "task",
+                "exec",
+                "--exec-id",
+                &format!("wc{n}"),
+                id,
+                "/busybox/busybox",
+                "wc",
+                "-c",
+                path,
+            ]);
+            panic!(
+                "{path}: read {} bytes, want {}; read again: {} bytes ({}); wc -c in the \
+                 container: {}{}\nsnapshotter log:\n{}",
+                got.len(),
+                want.len(),
+                again.len(),
+                if again == want { "right" } else { "wrong" },
+                String::from_utf8_lossy(&sum.stdout),
+                String::from_utf8_lossy(&sum.stderr),
+                ds.log()
+            );
+        }
+    };
+    check(&ds, 0, "/usr/lib/new000.txt", 0);
     ds.snapshotter.kill().unwrap();
     ds.snapshotter.wait().unwrap();
     let fetched = gets(&packs);
     // Not read before (the script only lists these): fetched now, with no
     // snapshotter running.
-    assert_eq!(cat(&ds, 1, "/usr/lib/new050.txt"), expect(50));
+    check(&ds, 1, "/usr/lib/new050.txt", 50);
     assert!(
         gets(&packs) > fetched,
         "/usr/lib/new050.txt was not fetched after the kill"
@@ -1213,7 +1245,7 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
         }
     }
     let stop = Stop(&ds, id);
-    assert_eq!(cat(&ds, 2, "/usr/lib/new077.txt"), expect(77));
+    check(&ds, 2, "/usr/lib/new077.txt", 77);
     let snaps = |ds: &Daemons| ds.ctr_out(&["snapshots", "--snapshotter", "cairn", "ls"]);
     wait_for(
         "containerd's connection to the restarted snapshotter",
