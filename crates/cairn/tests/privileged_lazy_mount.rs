@@ -732,22 +732,7 @@ fn privileged_lazy_list_chunks_are_fetched_alone_and_read_without_a_fetch() {
     let ranges = || proxy.blob_ranges().len();
     let before = ranges();
     let target = dir.path().join("mnt");
-    fs::create_dir_all(&target).unwrap();
-    cairn_ok(
-        &b,
-        &[
-            Path::new("mount"),
-            Path::new("--lazy"),
-            Path::new("--lazy-fetch"),
-            Path::new("on-demand"),
-            Path::new(&via),
-            &target,
-        ],
-    );
-    let _mounted = Mounted {
-        root: b.clone(),
-        target: target.clone(),
-    };
+    let _mounted = mount_on_demand(&b, &via, &target);
     // The list phase: chunk 1's one range request.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while ranges() == before {
@@ -885,6 +870,26 @@ fn wait_for_server(
             lazy_logs(root)
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+/// `cairn mount --lazy --lazy-fetch on-demand REFERENCE TARGET` in the
+/// store at `root` (TARGET made first), unmounted when the result drops.
+fn mount_on_demand(root: &Path, reference: &str, target: &Path) -> Mounted {
+    fs::create_dir_all(target).unwrap();
+    cairn_ok(
+        root,
+        &[
+            Path::new("mount"),
+            Path::new("--lazy"),
+            Path::new("--lazy-fetch"),
+            Path::new("on-demand"),
+            Path::new(reference),
+            target,
+        ],
+    );
+    Mounted {
+        root: root.to_path_buf(),
+        target: target.to_path_buf(),
     }
 }
 
@@ -1498,22 +1503,7 @@ fn privileged_lazy_mount_fetches_the_prefetch_list_in_the_background_after_the_p
     // A mount, on demand, with nothing read: the list comes, and nothing
     // else.
     let target = dir.path().join("mnt-b");
-    fs::create_dir_all(&target).unwrap();
-    cairn_ok(
-        &b,
-        &[
-            Path::new("mount"),
-            Path::new("--lazy"),
-            Path::new("--lazy-fetch"),
-            Path::new("on-demand"),
-            Path::new(&via),
-            &target,
-        ],
-    );
-    let mounted = Mounted {
-        root: b.clone(),
-        target,
-    };
+    let mounted = mount_on_demand(&b, &via, &target);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while local_ids(&b, &listed) < listed.len() {
         assert!(
@@ -1540,22 +1530,7 @@ fn privileged_lazy_mount_fetches_the_prefetch_list_in_the_background_after_the_p
     proxy.set_delay(std::time::Duration::from_millis(25));
     let flowing = proxy.bytes_down();
     let target = dir.path().join("mnt-c");
-    fs::create_dir_all(&target).unwrap();
-    cairn_ok(
-        &c,
-        &[
-            Path::new("mount"),
-            Path::new("--lazy"),
-            Path::new("--lazy-fetch"),
-            Path::new("on-demand"),
-            Path::new(&via),
-            &target,
-        ],
-    );
-    let mounted = Mounted {
-        root: c.clone(),
-        target: target.clone(),
-    };
+    let mounted = mount_on_demand(&c, &via, &target);
     // Once the list is under way (its bytes flowing), read.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while proxy.bytes_down() - flowing < 100_000 {
