@@ -1278,11 +1278,7 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     // mounted.
     let second = &second_layer(&ds);
     let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
-    let rows: Vec<Vec<&str>> = listed
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let rows = snapshot_rows(&listed);
     // A snapshot committed on the top layer (a container committed as an
     // image): the store has no layer records of a lazily pulled chain, so
     // the commit pulls the image in full first.
@@ -1983,15 +1979,21 @@ fn prepare_on_layer_two(ds: &Daemons, second: &str) {
     }
 }
 
+/// The rows of `ctr snapshots ls` output (header skipped): key, parent
+/// (when it has one), kind.
+fn snapshot_rows(listed: &str) -> Vec<Vec<&str>> {
+    listed
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}
+
 /// The key of the test image's second layer snapshot (`ctr snapshots ls`:
 /// the committed snapshot whose parent is the one without a parent).
 fn second_layer(ds: &Daemons) -> String {
     let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
-    let rows: Vec<Vec<&str>> = listed
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let rows = snapshot_rows(&listed);
     let bottom = rows
         .iter()
         .find(|r| r.len() == 2 && r[1] == "Committed")
