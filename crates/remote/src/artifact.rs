@@ -284,36 +284,53 @@ pub fn unzstd(data: &[u8], limit: u64, what: &str) -> Result<Vec<u8>, RemoteErro
     Ok(out)
 }
 
-/// The largest zstd window (log2) a pack frame may use: 8 MiB, more than
-/// any 1 MiB chunk needs.
-const FRAME_WINDOW_LOG: u32 = 23;
-
 /// Decompresses one frame that must give exactly `size` bytes.
+///
+/// A pack frame holds one object or one chunk of one, so `size` is at most
+/// the index's chunk size (1 MiB: `Index::parse` refuses more) and the
+/// frame is decompressed in one call straight into a buffer of exactly
+/// `size` bytes: nothing else is allocated, and a frame that would give
+/// more is refused when the buffer is full, whatever window it asks for.
+/// The decompression context is kept per thread: a fresh one per frame
+/// (as a streaming decoder makes, with its window buffer) was a quarter of
+/// a prefetch list's fetch, in `mmap`, page faults and zeroing.
 pub fn unzstd_exact(data: &[u8], size: u64) -> Result<Vec<u8>, String> {
-    let mut dec = zstd::stream::read::Decoder::new(data).map_err(|e| format!("zstd: {e}"))?;
-    // A frame holds at most one chunk (1 MiB): its window need not be
-    // larger, and a hostile frame asking for a huge one is refused
-    // rather than given the memory.
-    dec.window_log_max(FRAME_WINDOW_LOG)
-        .map_err(|e| format!("zstd: {e}"))?;
-    let mut out = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(4 << 20));
-    (&mut dec)
-        .take(size.saturating_add(1))
-        .read_to_end(&mut out)
-        .map_err(|e| format!("zstd: {e}"))?;
-    if out.len() as u64 != size {
+    use std::cell::RefCell;
+    thread_local! {
+        static DCTX: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            const { RefCell::new(None) };
+    }
+    if size > MAX_EXACT {
         return Err(format!(
-            "frame decompresses to {}{} bytes, the index says {size}",
-            if out.len() as u64 > size {
-                "more than "
-            } else {
-                ""
-            },
-            out.len().min(usize::try_from(size).unwrap_or(usize::MAX))
+            "a frame of {size} bytes, more than the {MAX_EXACT} a frame may hold"
         ));
     }
-    Ok(out)
+    let mut out = Vec::with_capacity(size as usize);
+    let r = DCTX.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let dec = match &mut *cell {
+            Some(d) => d,
+            None => cell.insert(zstd::bulk::Decompressor::new()?),
+        };
+        dec.decompress_to_buffer(data, &mut out)
+    });
+    match r {
+        Ok(n) if n as u64 == size => Ok(out),
+        Ok(n) => Err(format!(
+            "frame decompresses to {n} bytes, the index says {size}"
+        )),
+        Err(e) => match zstd::zstd_safe::get_frame_content_size(data) {
+            Ok(Some(n)) if n > size => Err(format!(
+                "frame decompresses to {n} bytes, the index says {size}"
+            )),
+            _ => Err(format!("zstd: {e}")),
+        },
+    }
 }
+
+/// The most a frame may decompress to: one chunk (`Index::parse` refuses
+/// a single-frame object or a chunk larger than that).
+const MAX_EXACT: u64 = crate::index::CHUNK_SIZE as u64;
 
 #[cfg(test)]
 mod tests {
@@ -386,5 +403,36 @@ mod tests {
         assert!(unzstd_exact(&data, 9_000).is_err());
         assert!(unzstd_exact(&data, 11_000).is_err());
         assert!(unzstd_exact(b"garbage", 5).is_err());
+    }
+
+    /// One frame exactly, whatever its header says or leaves out, with
+    /// the context reused from frame to frame.
+    #[test]
+    fn exact_frames() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let z = zstd::bulk::compress(&data, 3).unwrap();
+        for _ in 0..3 {
+            assert_eq!(unzstd_exact(&z, data.len() as u64).unwrap(), data);
+        }
+        let more = unzstd_exact(&z, 1000).unwrap_err();
+        assert!(more.contains("300000 bytes, the index says 1000"), "{more}");
+        let less = unzstd_exact(&z, 400_000).unwrap_err();
+        assert!(
+            less.contains("300000 bytes, the index says 400000"),
+            "{less}"
+        );
+        // A streamed frame has no content size in its header.
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        enc.include_contentsize(false).unwrap();
+        std::io::Write::write_all(&mut enc, &data).unwrap();
+        let streamed = enc.finish().unwrap();
+        assert_eq!(unzstd_exact(&streamed, data.len() as u64).unwrap(), data);
+        assert!(unzstd_exact(&streamed, 1000).is_err());
+        // Two frames back to back are more than the one the index names.
+        let two = [z.clone(), z.clone()].concat();
+        assert!(unzstd_exact(&two, data.len() as u64).is_err());
+        // Truncated, and more than a chunk: refused.
+        assert!(unzstd_exact(&z[..z.len() / 2], data.len() as u64).is_err());
+        assert!(unzstd_exact(&z, (1 << 20) + 1).is_err());
     }
 }
