@@ -89,18 +89,30 @@ fi
 # The layers (pull-containerd.sh's cache): debian and python for both
 # images, the Linux tree for linux.
 blobs=$work/images/blobs
+# shellcheck source-path=SCRIPTDIR source=lib/epoch.sh
+. "$here/lib/epoch.sh"
+epoch=$(bench_epoch) || exit 1
+# What the registry's storage keeps from earlier runs (the linux image, the
+# lazy artifacts and their lists) was made from layers of one epoch: from
+# another, it goes.
+if ! made_with_epoch "$work/registry/epoch"; then
+  rm -rf "$work/registry/data/docker/registry/v2/repositories/bench" "$work/registry"/*.prefetch
+  mkdir -p "$work/registry"
+fi
 for img in "${images[@]}"; do
   case $img in
     python)
-      [ -d "$work/registry/data/docker/registry/v2/repositories/bench/python/_manifests/tags/gzip" ] ||
+      { made_with_epoch "$blobs/python.done" &&
+        [ -d "$work/registry/data/docker/registry/v2/repositories/bench/python/_manifests/tags/gzip" ]; } ||
         "$here/pull-containerd.sh" --prepare-only --only python --compression gzip --work "$work"
       ;;
     linux)
-      { [ -f "$work/images/linux-tree.done" ] && [ -f "$blobs/debian.done" ]; } ||
+      { [ -f "$work/images/linux-tree.done" ] && made_with_epoch "$blobs/debian.done"; } ||
         "$here/pull-containerd.sh" --prepare-only --only linux,debian --compression gzip --work "$work"
       ;;
   esac
 done
+echo "$epoch" >"$work/registry/epoch"
 
 # The 1.6 client that pulls with the CRI's labels (remote and lazy paths).
 rpull=""
@@ -265,7 +277,6 @@ cairn_given=$cairn cairn=$run_dir/cairn.bin
 registry_start "$work/registry" accesslog
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 n=0
-epoch=1747699200
 layout=$run_dir/layout
 
 # ---------------------------------------------------------------- images
@@ -285,14 +296,14 @@ skopeo_copy() { HOME=$run_dir skopeo copy -q --preserve-digests --src-tls-verify
 # The linux image: debian + the Linux tree under usr/src/linux (gzip -6,
 # as bench/lazy.sh builds it).
 if [[ " ${images[*]} " == *" linux "* ]] && ! tag_exists bench/linuxsrc gzip; then
-  if [ ! -f "$blobs/linuxsrc.done" ]; then
+  if ! made_with_epoch "$blobs/linuxsrc.done"; then
     say "linux image: $work/images/linux-tree under usr/src/linux (gzip -6, a few minutes)"
     tar -C "$work/images/linux-tree" --sort=name --numeric-owner --format=pax \
       --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
       --mtime=@"$epoch" --clamp-mtime --transform 's,^\./*,usr/src/linux/,' -cf "$blobs/linuxsrc.tar" .
     echo "sha256:$(sha256sum "$blobs/linuxsrc.tar" | cut -d' ' -f1)" >"$blobs/linuxsrc.diffid"
     gzip -n -6 -f "$blobs/linuxsrc.tar"
-    touch "$blobs/linuxsrc.done"
+    echo "$epoch" >"$blobs/linuxsrc.done"
   fi
   gz=application/vnd.oci.image.layer.v1.tar+gzip
   "$py" "$here/lib/oci_layout.py" "$work/images/layout" linuxsrc-gzip '["/bin/sh"]' \
@@ -350,7 +361,7 @@ for v in 1 2 3; do
   rm -f "$run_dir"/*-v"$v".tar.gz
   share_refs+=("$registry/bench/share:v$v")
 done
-[ -f "$blobs/python.done" ] || die "no python layer in $blobs"
+made_with_epoch "$blobs/python.done" || die "no python layer of this epoch in $blobs"
 
 # The files every container reads: python3 and numpy's modules.
 read_cmd='find /usr/lib/python3 /usr/lib/python3.11 -type f -name "*.py" -o -type f -name "*.so" | xargs cat >/dev/null; touch /read-done; sleep 600'

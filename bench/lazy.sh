@@ -81,14 +81,17 @@ for t in socat skopeo umoci runc tc ip docker-registry gzip openssl jq /usr/bin/
 done
 py=/usr/bin/python3
 blobs=$images/blobs
+# shellcheck source-path=SCRIPTDIR source=lib/epoch.sh
+. "$here/lib/epoch.sh"
+epoch=$(bench_epoch) || exit 1
 for b in debian python; do
-  [ -f "$blobs/$b.done" ] || die "no $blobs/$b.tar.gz: run bench/pull-containerd.sh --prepare-only first"
+  made_with_epoch "$blobs/$b.done" ||
+    die "no $blobs/$b.tar.gz clamped to the Debian snapshot's date: run bench/pull-containerd.sh --prepare-only first"
 done
 [ -f "$images/linux-tree.done" ] || die "no $images/linux-tree: run bench/pull-containerd.sh --prepare-only first"
 
 layers=$work/layers
 layout=$work/layout
-epoch=1747699200
 
 # ================================================================ images
 
@@ -101,19 +104,19 @@ layer_from_stdin() {
   stat -c %s "$tmp" >"$layers/$name.size"
   gzip -n -6 -c "$tmp" >"$layers/$name.tar.gz"
   rm "$tmp"
-  touch "$layers/$name.done"
+  echo "$epoch" >"$layers/$name.done"
 }
 
 build_layers() {
   mkdir -p "$layers"
-  if [ ! -f "$layers/linux.done" ]; then
+  if ! made_with_epoch "$layers/linux.done"; then
     say "linux layer: $images/linux-tree under usr/src/linux (gzip -6, a few minutes)"
     tar -C "$images/linux-tree" --sort=name --numeric-owner --format=pax \
       --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
       --mtime=@"$epoch" --clamp-mtime --transform 's,^\./*,usr/src/linux/,' -cf - . |
       layer_from_stdin linux
   fi
-  if [ ! -f "$layers/model-$model_size.done" ]; then
+  if ! made_with_epoch "$layers/model-$model_size.done"; then
     say "model layer: models/model.bin, $model_size of AES-CTR keystream (incompressible, reproducible)"
     local t=$layers/model-tree
     rm -rf "$t"
@@ -127,10 +130,10 @@ build_layers() {
   fi
   local b
   for b in debian python; do
-    [ -f "$layers/$b.done" ] || {
+    made_with_epoch "$layers/$b.done" || {
       ln -f "$blobs/$b.tar.gz" "$layers/$b.tar.gz" 2>/dev/null || cp "$blobs/$b.tar.gz" "$layers/$b.tar.gz"
       cp "$blobs/$b.diffid" "$blobs/$b.size" "$layers/"
-      touch "$layers/$b.done"
+      echo "$epoch" >"$layers/$b.done"
     }
   done
 }

@@ -177,14 +177,16 @@ cairn_head() {
 
 images_dir=$work/images
 blobs=$images_dir/blobs
-epoch=1747699200 # 2025-05-20, the machine's Debian snapshot date: mtimes clamped to it
+# shellcheck source-path=SCRIPTDIR source=lib/epoch.sh
+. "$here/lib/epoch.sh"
+epoch=$(bench_epoch) || exit 1
 
 # make_layer NAME DIR: NAME.tar.gz and NAME.tar.zst of DIR, reproducibly
 # (sorted, numeric owners, pax without atime/ctime, mtimes clamped),
 # NAME.diffid and NAME.entries.
 make_layer() {
   local name=$1 dir=$2 tmp
-  [ -f "$blobs/$name.done" ] && return
+  made_with_epoch "$blobs/$name.done" && return
   mkdir -p "$blobs"
   tmp=$blobs/$name.tar
   say "layer $name from $dir"
@@ -198,7 +200,7 @@ make_layer() {
   zstd -q -3 -f -o "$blobs/$name.tar.zst" "$tmp"
   wait
   rm "$tmp"
-  touch "$blobs/$name.done"
+  echo "$epoch" >"$blobs/$name.done"
 }
 
 tree_linux() {
