@@ -362,19 +362,30 @@ pub fn pull_lazy(
         }
     }
 
-    let config = fetch_blob(
-        &reg,
-        &repo,
-        &a.config,
-        cairn_oci::spec::MAX_CONFIG_SIZE,
-        &format!("config {} of {display}", a.config.digest),
-    )?;
-    fetched += config.len() as u64;
+    // The config, the EROFS image and the object index at once: three
+    // round trips in one.
+    let ewhat = format!("EROFS metadata {} of {display}", a.erofs.digest);
+    let iwhat = format!("object index {} of {display}", a.index.digest);
+    let cwhat = format!("config {} of {display}", a.config.digest);
+    let (config, erofs_z, index_z) = std::thread::scope(|s| {
+        let erofs = s.spawn(|| fetch_blob(&reg, &repo, &a.erofs, MAX_EROFS, &ewhat));
+        let index = s.spawn(|| fetch_blob(&reg, &repo, &a.index, MAX_INDEX_BYTES, &iwhat));
+        let config = fetch_blob(
+            &reg,
+            &repo,
+            &a.config,
+            cairn_oci::spec::MAX_CONFIG_SIZE,
+            &cwhat,
+        );
+        let join = |h: std::thread::ScopedJoinHandle<'_, _>| {
+            h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+        };
+        (config, join(erofs), join(index))
+    });
+    let (config, erofs_z, index_z) = (config?, erofs_z?, index_z?);
+    fetched += (config.len() + erofs_z.len() + index_z.len()) as u64;
     let parsed_config: cairn_spec::ImageConfig = serde_json::from_slice(&config)
         .map_err(|e| RemoteError::invalid(format!("config of {display}"), e.to_string()))?;
-    let ewhat = format!("EROFS metadata {} of {display}", a.erofs.digest);
-    let erofs_z = fetch_blob(&reg, &repo, &a.erofs, MAX_EROFS, &ewhat)?;
-    fetched += erofs_z.len() as u64;
     let image = artifact::unzstd(
         &erofs_z,
         a.erofs_size.unwrap_or(MAX_EROFS).min(MAX_EROFS),
@@ -392,9 +403,6 @@ pub fn pull_lazy(
             .into());
         }
     }
-    let iwhat = format!("object index {} of {display}", a.index.digest);
-    let index_z = fetch_blob(&reg, &repo, &a.index, MAX_INDEX_BYTES, &iwhat)?;
-    fetched += index_z.len() as u64;
     let index = Index::parse(artifact::unzstd(&index_z, MAX_INDEX_BYTES, &iwhat)?)
         .map_err(|e| RemoteError::invalid(&iwhat, e.0))?;
     check_packs(&a, &index, &iwhat)?;
