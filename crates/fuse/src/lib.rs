@@ -47,7 +47,9 @@
 //! chunk by chunk (`partial`) add at most 8 staging files (on disk) and
 //! 8 threads, each holding one chunk (at most 16 MiB; 1 MiB with cairn's
 //! artifacts) while it is fetched and checked, plus a few bytes per chunk
-//! of state and one timer thread.
+//! of state and one timer thread. Each thread that has decompressed a
+//! frame of cairn's packs keeps one zstd context (about 96 KiB) for the
+//! next (`cairn_remote`'s `unzstd_exact`): at most `f + 8` of them.
 
 #![deny(unsafe_code)]
 
