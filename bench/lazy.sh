@@ -414,10 +414,14 @@ prepare_image() {
 
 # steady IMG: the files of the prefetch list (what the command opened),
 # read through a lazy mount of the last lazy+list store (all fetched) and
-# through a full pull's mount; cold then warm on each mount in turn, 3
-# times.
+# through a full pull's mount: 3 rounds, each a cold read then
+# $steady_warm warm reads on one mount, then the same on the other. A
+# whole file is read whole; a large object the command read in part
+# (`<TAB>chunks=0,6` in the list) is read in those chunks only, as the
+# lazy store holds no more of it.
+steady_warm=10
 sample_steady() {
-  local img=$1 lazy=$last_lazy full ref_pf=$registry/bench/$1-pf:1 pid rep kind mnt
+  local img=$1 lazy=$last_lazy full ref_pf=$registry/bench/$1-pf:1 pid rep mnt
   fresh "full-$img"
   full=$fresh_dir
   "$cairn" --root "$full/store" -q pull "$ref_pf"
@@ -425,34 +429,61 @@ sample_steady() {
   "$cairn" --root "$full/store" -q mount "$ref_pf" "$full/mnt"
   pid=$("$cairn" --root "$lazy/store" --json mount --lazy --lazy-fetch on-demand "$ref_pf" "$lazy/mnt" | jq -r '.lazy_server // empty')
   for rep in 1 2 3; do
-    # Each mount's warm read right after its own cold one: a drop before
+    # Each mount's warm reads right after its own cold one: a drop before
     # the other mount's cold read would leave this one's "warm" read cold
     # (as it did before session 23, which made the local side look slow
     # when warm).
     for mnt in local:"$full/mnt" lazy:"$lazy/mnt"; do
-      for kind in cold warm; do
-        [ "$kind" = warm ] || drop_caches
-        "$py" - "${mnt#*:}" "$run_dir/$img.prefetch" <<'EOF' | sed "s/^/$img\t${mnt%%:*}\t$kind\t$rep\t/" >>"$steady"
+      drop_caches
+      "$py" - "${mnt#*:}" "$run_dir/$img.prefetch" "$steady_warm" <<'EOF' | sed "s/^/$img\t${mnt%%:*}\t/; s/\t[^\t]*\t[^\t]*$/\t$rep&/" >>"$steady"
 import os, sys, time
-root, listing = sys.argv[1], sys.argv[2]
-paths = [root + l.rstrip("\n") for l in open(listing) if l.strip()]
-total = 0
-t = time.perf_counter()
-for p in paths:
-    try:
-        with open(p, "rb", buffering=0) as f:
-            while b := f.read(1 << 20):
-                total += len(b)
-    except (IsADirectoryError, FileNotFoundError):
-        pass
-print(f"{total}\t{time.perf_counter() - t:.6f}")
+root, listing, warm = sys.argv[1], sys.argv[2], int(sys.argv[3])
+CHUNK = 1 << 20  # cairn_remote::index::CHUNK_SIZE
+reads = []  # (path, [(offset, length)] or None for the whole file)
+for line in open(listing):
+    line = line.rstrip("\n")
+    if not line:
+        continue
+    path, _, chunks = line.partition("\tchunks=")
+    spans = None
+    if chunks:
+        spans = []
+        for part in chunks.split(","):
+            a, _, b = part.partition("-")
+            for i in range(int(a), int(b or a) + 1):
+                spans.append((i * CHUNK, CHUNK))
+    reads.append((root + path, spans))
+
+def once():
+    total = 0
+    t = time.perf_counter()
+    for p, spans in reads:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except (IsADirectoryError, FileNotFoundError):
+            continue
+        try:
+            if spans is None:
+                while b := os.read(fd, 1 << 20):
+                    total += len(b)
+            else:
+                for off, n in spans:
+                    total += len(os.pread(fd, n, off))
+        except IsADirectoryError:
+            pass
+        finally:
+            os.close(fd)
+    return total, time.perf_counter() - t
+
+for kind in ["cold"] + ["warm"] * warm:
+    total, secs = once()
+    print(f"{kind}\t{total}\t{secs:.6f}")
 EOF
-      done
     done
   done
   local hwm=""
   [ -z "$pid" ] || hwm=$(awk '/^VmHWM/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)
-  printf 'server %s\t%s KiB peak RSS (VmHWM) of the lazy server after reading its files %s times\n' "$img" "${hwm:-?}" 6 >>"$run_dir/meta.tsv"
+  printf 'server %s\t%s KiB peak RSS (VmHWM) of the lazy server after reading its files %s times\n' "$img" "${hwm:-?}" $((3 * (1 + steady_warm))) >>"$run_dir/meta.tsv"
   "$cairn" --root "$lazy/store" -q umount "$lazy/mnt"
   "$cairn" --root "$full/store" -q umount "$full/mnt"
 }
