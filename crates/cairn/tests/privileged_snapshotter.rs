@@ -1469,11 +1469,13 @@ const ESGZ_SCRIPT: &str = "cat /etc/msg; ls /usr/lib /bin; \
 /// (`support::estargz`), pulled by containerd with the CRI's labels into
 /// cairn through the counting proxy, with the snapshotter started
 /// `--lazy-fetch on-demand --coalesce 0`: both layers are committed
-/// lazily, from the TOCs alone (only ranged GETs of the layer blobs, a
-/// few KB, all by cairn); `ctr run` prints what `cairn run` of a full
-/// pull prints, fetching only the files it reads (not the 5 MiB
-/// `/data/big`); once the image is removed from containerd, its
-/// snapshots, refs, chain mounts and lazy servers are gone.
+/// lazily, from the TOCs alone (only ranged GETs of the layer blobs, all
+/// by cairn); the top's chain is mounted right after the pull, and its
+/// server fetches the prefetch landmark's files with no container
+/// running; `ctr run` prints what `cairn run` of a full pull prints,
+/// fetching only the other files it reads (not the 5 MiB `/data/big`);
+/// once the image is removed from containerd, its snapshots, refs, chain
+/// mounts and lazy servers are gone.
 #[test]
 fn privileged_snapshotter_estargz_lazy_remote_pull() {
     estargz_lazy_remote_pull(Ctd::V16);
@@ -1568,16 +1570,6 @@ fn estargz_lazy_remote_pull(v: Ctd) {
         }
         (whole, ranged)
     };
-    let (whole, toc_bytes) = layer_gets();
-    assert!(
-        whole.is_empty(),
-        "whole layer blobs fetched by the pull: {whole:?}"
-    );
-    assert!(
-        toc_bytes > 0 && toc_bytes < 64 << 10,
-        "the pull asked for {toc_bytes} bytes of the layers (footers and TOCs are a few KB): {:#?}",
-        proxy.blob_range_gets()
-    );
     let store = ds.dir.path().join("store");
     let objects = || {
         std::fs::read_dir(store.join("objects"))
@@ -1588,11 +1580,40 @@ fn estargz_lazy_remote_pull(v: Ctd) {
             })
             .unwrap_or(0)
     };
-    assert_eq!(objects(), 0, "objects stored by the pull");
+    // The top layer's chain is mounted as soon as the pull has placed it,
+    // before any container: its lazy server fetches the files before the
+    // prefetch landmark (busybox, /etc/msg) with nothing running.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while objects() < 2 || !log(&ds).contains("mounted ahead of its first container") {
+        assert!(
+            Instant::now() < deadline,
+            "30 s after the pull, with no container: {} objects stored (want busybox and \
+             /etc/msg), snapshotter log:\n{}",
+            objects(),
+            log(&ds)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (whole, ahead) = layer_gets();
+    assert!(
+        whole.is_empty(),
+        "whole layer blobs fetched by the pull: {whole:?}"
+    );
+    assert!(
+        ahead > 0 && ahead < 5 << 20,
+        "the pull and the chain's server asked for {ahead} bytes of the layers (footers and \
+         TOCs are a few KB, busybox ~1 MB compressed, /data/big 5 MiB): {:#?}",
+        proxy.blob_range_gets()
+    );
+    assert_eq!(
+        objects(),
+        2,
+        "objects stored before the run: the landmark's"
+    );
 
     // The container prints what cairn's full pull prints, and only what it
-    // read came over the wire: busybox, /etc/msg, /usr/lib/new (md5sum),
-    // not the 5 MiB of /data/big.
+    // read came over the wire: /usr/lib/new (md5sum), not the 5 MiB of
+    // /data/big.
     let mut args = vec![
         "run",
         "--rm",
@@ -1609,23 +1630,24 @@ fn estargz_lazy_remote_pull(v: Ctd) {
     );
     let (whole, bytes) = layer_gets();
     lap(&format!(
-        "ctr run: {toc_bytes} bytes of the layers asked for by the pull, {} by the run",
-        bytes - toc_bytes
+        "ctr run: {ahead} bytes of the layers asked for by the pull and the landmark's fetch, {} \
+         by the run",
+        bytes - ahead
     ));
     assert!(
         whole.is_empty(),
         "whole layer blobs fetched by the run: {whole:?}"
     );
-    let read_by_run = bytes - toc_bytes;
+    let read_by_run = bytes - ahead;
     assert!(
         read_by_run > 0 && read_by_run < 5 << 20,
-        "the run asked for {read_by_run} bytes of the layers (busybox is ~1 MB compressed, \
-         /data/big 5 MiB, not read)"
+        "the run asked for {read_by_run} bytes of the layers (/usr/lib/new is small, /data/big \
+         5 MiB, not read)"
     );
     assert_eq!(
         objects(),
         3,
-        "objects stored: the files read (busybox, msg, new)"
+        "objects stored: the landmark's and the file read (busybox, msg, new)"
     );
 
     // The container is gone, its chain mount and lazy server are not: the
@@ -1821,12 +1843,13 @@ fn privileged_snapshotter_sigterm_during_a_remote_pull() {
     cairn_ok_at(&store, &["fsck"]);
 }
 
-/// The lazy remote path with a prefetch list (issue 13, point 2): the
-/// pull (every layer's Prepare and commit) fetches the metadata only, no
-/// object and no pack; a `ctr run` of `/busybox/busybox true` (which reads
-/// busybox alone) makes every listed object local, as the chain mount's
-/// lazy server fetches the list in the background, also with
-/// `--lazy-fetch on-demand`. containerd 1.6.
+/// The lazy remote path with a prefetch list (issue 13, point 2): every
+/// layer's Prepare answers with the metadata alone; then, with no
+/// container yet, the top layer's chain is mounted and its lazy server
+/// makes every listed object local (the list is fetched in the
+/// background also with `--lazy-fetch on-demand`); a `ctr run` of
+/// `/busybox/busybox true` then uses that mount and that server, not
+/// new ones. containerd 1.6.
 #[test]
 fn privileged_snapshotter_lazy_remote_pull_fetches_the_prefetch_list_after_the_pull() {
     require_root();
@@ -1928,9 +1951,52 @@ fn privileged_snapshotter_lazy_remote_pull_fetches_the_prefetch_list_after_the_p
             .filter(|(_, d)| packs.contains(d))
             .count()
     };
-    assert_eq!(pack_gets(), 0, "packs fetched by the pull");
-    assert_eq!(stored(), 0, "objects stored by the pull");
+    // Prepare answered with the metadata alone; the top layer's chain is
+    // then mounted at once, before any container, and its lazy server
+    // fetches the list with nothing running.
+    let chains = format!("{}/", store.join("snapshots/chains").display());
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&chains))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let servers = || {
+        std::fs::read_dir(store.join("lazy"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".pid"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while local() < listed.len() || mounted().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "30 s after the pull, with no container: {} of the listed {listed:?} local, chain \
+             mounts {:?} ({} objects stored)\n{}",
+            local(),
+            mounted(),
+            stored(),
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(pack_gets() > 0);
+    assert!(
+        log().contains("mounted ahead of its first container"),
+        "{}",
+        log()
+    );
+    assert_eq!(mounted().len(), 1, "chain mounts: {:?}", mounted());
+    assert_eq!(servers(), 1, "lazy servers before the first container");
 
+    // The first container finds the chain mounted: no second mount, no
+    // second server.
     let out = ds.ctr(&[
         "run",
         "--rm",
@@ -1942,16 +2008,13 @@ fn privileged_snapshotter_lazy_remote_pull_fetches_the_prefetch_list_after_the_p
         "true",
     ]);
     assert!(out.is_empty(), "{out}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while local() < listed.len() {
-        assert!(
-            Instant::now() < deadline,
-            "{} of the listed {listed:?} local 30 s after the run",
-            local()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(pack_gets() > 0);
+    assert_eq!(
+        mounted().len(),
+        1,
+        "chain mounts after the run: {:?}",
+        mounted()
+    );
+    assert_eq!(servers(), 1, "lazy servers after the run");
 }
 
 /// `ctr snapshots prepare on-the-second` on the second layer of the test

@@ -6,13 +6,66 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-use std::path::Path;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use cairn_mount::{mount_image, MountOptions, UpperSpec, VerityMode};
 
-use super::{internal, SnapError, Snapshotter};
+use super::{internal, LazyMounter, SnapError, Snapshotter};
 use crate::meta::Kind;
+
+/// A chain mount under way without the snapshotter's lock: set once it
+/// has ended (mounted or not).
+#[derive(Default)]
+pub(crate) struct MountFlight {
+    done: Mutex<bool>,
+    ended: Condvar,
+}
+
+impl MountFlight {
+    fn end(&self) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.ended.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while !*done {
+            done = self.ended.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// The mount of an incomplete chain image, begun right after its lazy
+/// pull by [`Snapshotter::begin_background_mount`] and run without the
+/// snapshotter's lock (docs/snapshotter.md, "The lazy remote path").
+pub(crate) struct BackgroundMount {
+    image: String,
+    root: PathBuf,
+    target: PathBuf,
+    mounter: Arc<dyn LazyMounter>,
+    flight: Arc<MountFlight>,
+}
+
+impl Drop for BackgroundMount {
+    /// Ends the flight also if the mount never ran or unwound: a Prepare
+    /// waiting for it then mounts the chain itself.
+    fn drop(&mut self) {
+        self.flight.end();
+    }
+}
+
+impl BackgroundMount {
+    /// Mounts the chain image (the lazy server starts and fetches the
+    /// prefetch list); how long it took, or why it failed.
+    pub fn run(&self) -> Result<Duration, String> {
+        let t0 = Instant::now();
+        let r = self.mounter.mount(&self.root, &self.image, &self.target);
+        self.flight.end();
+        r.map(|()| t0.elapsed())
+    }
+}
 
 impl Snapshotter {
     /// Mounts the chain image `img` read-only at `chains/<img>` unless it
@@ -24,16 +77,15 @@ impl Snapshotter {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(internal(target.display())(e)),
         }
+        if let Some(f) = self.mounting.get(img) {
+            // Mounted right after its pull, and not done yet: wait for
+            // it (it needs no lock of ours to end), else mount below.
+            f.wait();
+        }
         if is_mountpoint(&target) {
             return Ok(());
         }
-        let incomplete = self
-            .store
-            .image_record(img)
-            .ok()
-            .flatten()
-            .is_some_and(|r| r.lazy.is_some());
-        if incomplete {
+        if self.incomplete(img) {
             let Some(m) = &self.lazy else {
                 return Err(SnapError::Internal(format!(
                     "chain image {img} is incomplete (pulled lazily) and this snapshotter \
@@ -61,6 +113,75 @@ impl Snapshotter {
             t0.elapsed().as_secs_f64() * 1e3
         );
         r.map_err(|e| SnapError::Internal(format!("mounting chain image {img}: {e}")))
+    }
+
+    /// Whether the image `img` of the store is incomplete (pulled lazily).
+    fn incomplete(&self, img: &str) -> bool {
+        self.store
+            .image_record(img)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.lazy.is_some())
+    }
+
+    /// Begins mounting the incomplete chain image `img` at `chains/<img>`
+    /// ahead of its first container, when it is neither mounted nor being
+    /// mounted: the caller runs the mount without the lock, then calls
+    /// [`Self::finish_background_mount`]. Meanwhile a Prepare on the chain
+    /// waits for it, and a release leaves the chain to the finish.
+    pub(crate) fn begin_background_mount(&mut self, img: &str) -> Option<BackgroundMount> {
+        let mounter = self.lazy.clone()?;
+        if crate::stopping() || self.mounting.contains_key(img) || !self.incomplete(img) {
+            return None;
+        }
+        let target = self.chain_dir(img);
+        match fs::DirBuilder::new().mode(0o755).create(&target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                tracing::warn!(
+                    "chain image {img}: not mounted ahead: {}: {e}",
+                    target.display()
+                );
+                return None;
+            }
+        }
+        if is_mountpoint(&target) {
+            return None;
+        }
+        let flight = Arc::new(MountFlight::default());
+        self.mounting.insert(img.to_owned(), flight.clone());
+        Some(BackgroundMount {
+            image: img.to_owned(),
+            root: self.store.root().to_path_buf(),
+            target,
+            mounter,
+            flight,
+        })
+    }
+
+    /// Ends a mount begun by [`Self::begin_background_mount`]: logs how it
+    /// went, and releases the chain if what kept it went meanwhile (its
+    /// snapshots removed while it was being mounted).
+    pub(crate) fn finish_background_mount(
+        &mut self,
+        m: BackgroundMount,
+        r: Result<Duration, String>,
+    ) {
+        self.mounting.remove(&m.image);
+        match r {
+            Ok(t) => tracing::info!(
+                "chain image {}: mounted ahead of its first container, in {:.3} ms",
+                m.image,
+                t.as_secs_f64() * 1e3
+            ),
+            Err(e) => tracing::warn!(
+                "chain image {}: not mounted ahead of its first container ({e}); \
+                 its first container's Prepare mounts it",
+                m.image
+            ),
+        }
+        self.release_chain(&m.image);
     }
 
     /// Whether `chains/<img>` stays mounted: an active or view snapshot
@@ -97,9 +218,10 @@ impl Snapshotter {
         tops.iter().any(|k| !parents.contains(k))
     }
 
-    /// Unmounts `chains/<img>` unless [`Self::chain_kept`].
+    /// Unmounts `chains/<img>` unless [`Self::chain_kept`], or being
+    /// mounted (the mount's finish releases it then).
     pub(super) fn release_chain(&self, img: &str) {
-        if self.chain_kept(img) {
+        if self.mounting.contains_key(img) || self.chain_kept(img) {
             return;
         }
         let target = self.chain_dir(img);

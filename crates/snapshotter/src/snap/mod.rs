@@ -83,6 +83,9 @@ pub struct Snapshotter {
     /// when: for the later layers of the same pull when containerd sends
     /// no `cri.manifest-digest` (see [`RESOLVED_FOR`]).
     resolved: HashMap<String, (String, Instant)>,
+    /// Chain images being mounted without the snapshotter's lock, right
+    /// after their lazy pull (see [`chain::BackgroundMount`]).
+    mounting: HashMap<String, Arc<chain::MountFlight>>,
     meta: Meta,
     dir: PathBuf,
     /// Held (flock, exclusive) for the snapshotter's life.
@@ -134,6 +137,7 @@ impl Snapshotter {
             committing: HashMap::new(),
             reserved: HashSet::new(),
             resolved: HashMap::new(),
+            mounting: HashMap::new(),
             meta,
             dir,
             _lock: lock,

@@ -214,9 +214,11 @@ impl RemotePlan {
 }
 
 /// Prepare as the server runs it: a remote pull runs without the
-/// snapshotter's lock, so that other calls go on meanwhile.
+/// snapshotter's lock, so that other calls go on meanwhile. The top layer
+/// of an image pulled lazily has its chain mounted on a thread of its own
+/// once Prepare has answered (see [`mount_in_background`]).
 pub fn prepare(
-    s: &Mutex<Snapshotter>,
+    s: &Arc<Mutex<Snapshotter>>,
     key: &str,
     parent: &str,
     labels: HashMap<String, String>,
@@ -225,9 +227,41 @@ pub fn prepare(
     let plan = lock().begin_remote(key, parent, &labels)?;
     if let Some(plan) = plan {
         let done = plan.run();
-        lock().finish_remote(plan, done)?;
+        let incomplete_top = done
+            .as_ref()
+            .ok()
+            .filter(|d| d.incomplete && d.lazy.as_ref().is_some_and(|l| !l.partial))
+            .map(|d| d.image.clone());
+        let r = lock().finish_remote(plan, done);
+        if let (Err(SnapError::AlreadyExists(_)), Some(img)) = (&r, incomplete_top) {
+            mount_in_background(s, img);
+        }
+        r?;
     }
     lock().create(Kind::Active, key, parent, labels)
+}
+
+/// Mounts the incomplete chain image `img` (just pulled lazily, its top
+/// layer committed) on a thread of its own, without the snapshotter's
+/// lock: its lazy server starts and fetches the prefetch list while
+/// containerd ends the pull, and the first container's Prepare finds the
+/// chain mounted (or waits for the mount under way) instead of starting
+/// the server itself (docs/snapshotter.md, "The lazy remote path").
+fn mount_in_background(s: &Arc<Mutex<Snapshotter>>, img: String) {
+    let s = s.clone();
+    let spawned = std::thread::Builder::new()
+        .name("cairn-chain-mount".into())
+        .spawn(move || {
+            let lock = || s.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(m) = lock().begin_background_mount(&img) else {
+                return;
+            };
+            let r = m.run();
+            lock().finish_background_mount(m, r);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("chain image: not mounted ahead of its first container: a thread: {e}");
+    }
 }
 
 /// Commit as the server runs it: checked and recorded with the
