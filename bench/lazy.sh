@@ -426,8 +426,8 @@ prepare_image() {
 
 # steady IMG: the files of the prefetch list (what the command opened),
 # read through a lazy mount of the last lazy+list store and through a full
-# pull's mount: 3 rounds, each a cold read then $steady_warm warm reads on
-# one mount, then the same on the other. Two sets, each a row of its own:
+# pull's mount: 3 cold reads of each, then $steady_warm warm reads of each
+# in turn. Two sets, each a row of its own:
 # - IMG: the files whose object the lazy store holds (every whole object
 #   the list names: `pull --lazy` fetched them), read whole; a large file
 #   read in part only if its object was completed and stored;
@@ -438,7 +438,67 @@ prepare_image() {
 #   serves them from its memory of the chunks, or fetches them again.
 # Until session 27 the second set was skipped without a word and the
 # first was read the same way.
-steady_warm=10
+steady_warm=30
+# The reading program: LABEL LIST cold REP KIND ROOT (one read, after the
+# caller's drop) or LABEL LIST warm N KIND ROOT KIND ROOT (one untimed
+# pass of each, then N timed passes of each in turn); a line a read:
+# label, kind, cold|warm, rep, bytes, seconds. A whole-file line of the
+# list is read whole, a `<TAB>chunks=` line in those 1 MiB chunks.
+steady_py=$(
+  cat <<'EOF'
+import os, sys, time
+label, listing, temp, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+mounts = list(zip(sys.argv[5::2], sys.argv[6::2]))
+CHUNK = 1 << 20  # cairn_remote::index::CHUNK_SIZE
+reads = []  # (path, [(offset, length)] or None for the whole file)
+for line in open(listing):
+    line = line.rstrip("\n")
+    if not line:
+        continue
+    path, _, chunks = line.partition("\tchunks=")
+    spans = None
+    if chunks:
+        spans = []
+        for part in chunks.split(","):
+            a, _, b = part.partition("-")
+            for i in range(int(a), int(b or a) + 1):
+                spans.append((i * CHUNK, CHUNK))
+    reads.append((path, spans))
+
+def once(root):
+    total = 0
+    t = time.perf_counter()
+    for p, spans in reads:
+        try:
+            fd = os.open(root + p, os.O_RDONLY)
+        except (IsADirectoryError, FileNotFoundError):
+            continue
+        try:
+            if spans is None:
+                while b := os.read(fd, 1 << 20):
+                    total += len(b)
+            else:
+                for off, ln in spans:
+                    total += len(os.pread(fd, ln, off))
+        except IsADirectoryError:
+            pass
+        finally:
+            os.close(fd)
+    return total, time.perf_counter() - t
+
+if temp == "cold":
+    (kind, root), = mounts
+    total, secs = once(root)
+    print(f"{label}\t{kind}\tcold\t{n}\t{total}\t{secs:.6f}")
+else:
+    for kind, root in mounts:
+        once(root)
+    for rep in range(1, n + 1):
+        for kind, root in mounts:
+            total, secs = once(root)
+            print(f"{label}\t{kind}\twarm\t{rep}\t{total}\t{secs:.6f}")
+EOF
+)
 sample_steady() {
   local img=$1 lazy=$last_lazy full ref_pf=$registry/bench/$1-pf:1 pid rep mnt set label
   fresh "full-$img"
@@ -468,63 +528,23 @@ EOF
     [ -s "$run_dir/$img.$set" ] || continue
     label=$img
     [ "$set" = stored ] || label="$img, read in part"
+    # Cold: caches dropped before each read.
     for rep in 1 2 3; do
-      # Each mount's warm reads right after its own cold one: a drop before
-      # the other mount's cold read would leave this one's "warm" read cold
-      # (as it did before session 23, which made the local side look slow
-      # when warm).
       for mnt in local:"$full/mnt" lazy:"$lazy/mnt"; do
         drop_caches
-        "$py" - "${mnt#*:}" "$run_dir/$img.$set" "$steady_warm" <<'EOF' | sed "s/^/$label\t${mnt%%:*}\t/; s/\t[^\t]*\t[^\t]*$/\t$rep&/" >>"$steady"
-import os, sys, time
-root, listing, warm = sys.argv[1], sys.argv[2], int(sys.argv[3])
-CHUNK = 1 << 20  # cairn_remote::index::CHUNK_SIZE
-reads = []  # (path, [(offset, length)] or None for the whole file)
-for line in open(listing):
-    line = line.rstrip("\n")
-    if not line:
-        continue
-    path, _, chunks = line.partition("\tchunks=")
-    spans = None
-    if chunks:
-        spans = []
-        for part in chunks.split(","):
-            a, _, b = part.partition("-")
-            for i in range(int(a), int(b or a) + 1):
-                spans.append((i * CHUNK, CHUNK))
-    reads.append((root + path, spans))
-
-def once():
-    total = 0
-    t = time.perf_counter()
-    for p, spans in reads:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except (IsADirectoryError, FileNotFoundError):
-            continue
-        try:
-            if spans is None:
-                while b := os.read(fd, 1 << 20):
-                    total += len(b)
-            else:
-                for off, n in spans:
-                    total += len(os.pread(fd, n, off))
-        except IsADirectoryError:
-            pass
-        finally:
-            os.close(fd)
-    return total, time.perf_counter() - t
-
-for kind in ["cold"] + ["warm"] * warm:
-    total, secs = once()
-    print(f"{kind}\t{total}\t{secs:.6f}")
-EOF
+        "$py" - "$label" "$run_dir/$img.$set" cold "$rep" "${mnt%%:*}" "${mnt#*:}" <<<"$steady_py" >>"$steady"
       done
     done
+    # Warm: every file in the page cache through both mounts, then the two
+    # mounts read in turn, so that drift in the machine's speed falls on
+    # both alike (until session 27 each mount's warm reads followed its own
+    # cold read in a process of their own, a few ms apart, and the python
+    # figure swung between 0.78x and 1.02x from one run to the next).
+    "$py" - "$label" "$run_dir/$img.$set" warm "$steady_warm" local "$full/mnt" lazy "$lazy/mnt" <<<"$steady_py" >>"$steady"
   done
   local hwm=""
   [ -z "$pid" ] || hwm=$(awk '/^VmHWM/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)
-  printf 'server %s\t%s KiB peak RSS (VmHWM) of the lazy server after reading its files %s times\n' "$img" "${hwm:-?}" "$((3 * (1 + steady_warm))) (each set)" >>"$run_dir/meta.tsv"
+  printf 'server %s\t%s KiB peak RSS (VmHWM) of the lazy server after reading its files %s times\n' "$img" "${hwm:-?}" "$((3 + 1 + steady_warm)) (each set)" >>"$run_dir/meta.tsv"
   "$cairn" --root "$lazy/store" -q umount "$lazy/mnt"
   "$cairn" --root "$full/store" -q umount "$full/mnt"
 }
