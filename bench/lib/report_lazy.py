@@ -117,7 +117,7 @@ def main():
         p("read whole. A row \"read in part\" is the large files the command read in")
         p("part whose object the store does not hold (on demand, such an object is")
         p("fetched only in the chunks asked for, and not stored), read in the 1 MiB")
-        p("chunks the command read: the lazy server serves those itself. Cold: three")
+        p("chunks the command read: the lazy server serves those itself. Cold: seven")
         p("reads through each mount, caches dropped before each. Warm: one read through")
         p("each mount, then 30 through each, the two mounts in turn. Medians.")
         p("")
