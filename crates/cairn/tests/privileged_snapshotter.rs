@@ -612,25 +612,15 @@ fn ctr_pull_and_run(v: Ctd) {
     // mounted (for the next container) until the image's snapshots go.
     // The chains mounted to unpack the layers above them went as those
     // were committed.
-    let chains = format!("{}/", store.join("snapshots/chains").display());
-    let chain_mounts = || {
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&chains))
-            .map(str::to_owned)
-            .collect::<Vec<_>>()
-    };
     assert_eq!(
-        chain_mounts().len(),
+        chain_mounts(&store).len(),
         1,
         "chain mounts: {:?}",
-        chain_mounts()
+        chain_mounts(&store)
     );
     wait_for_image_removal(&ds, &[&reference]);
     assert_eq!(
-        chain_mounts(),
+        chain_mounts(&store),
         Vec::<String>::new(),
         "chain images left mounted after the image's removal"
     );
@@ -771,13 +761,7 @@ fn privileged_snapshotter_restart_while_running() {
     assert!(out.contains("hello"), "{out}");
     // The chain mount was adopted, not mounted twice.
     let store = ds.dir.path().join("store");
-    let chains = format!("{}/", store.join("snapshots/chains").display());
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let mut targets: Vec<&str> = mi
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&chains))
-        .collect();
+    let mut targets = chain_mounts(&store);
     targets.sort();
     let n = targets.len();
     targets.dedup();
@@ -1255,16 +1239,7 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     // mounted twice.
     let again = run(&ds, "cairn", &reference, "lazy-2");
     assert_eq!(keep(&again), keep(&normal));
-    let chains = format!(
-        "{}/",
-        ds.dir.path().join("store/snapshots/chains").display()
-    );
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let mut targets: Vec<&str> = mi
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&chains))
-        .collect();
+    let mut targets = chain_mounts(&ds.dir.path().join("store"));
     targets.sort();
     let n = targets.len();
     targets.dedup();
@@ -1345,15 +1320,7 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
             })
             .unwrap_or_default()
     };
-    let mounted = || {
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&chains))
-            .map(str::to_owned)
-            .collect::<Vec<_>>()
-    };
+    let mounted = || chain_mounts(&store);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !servers().is_empty() || !mounted().is_empty() {
         assert!(
@@ -1954,16 +1921,7 @@ fn privileged_snapshotter_lazy_remote_pull_fetches_the_prefetch_list_after_the_p
     // Prepare answered with the metadata alone; the top layer's chain is
     // then mounted at once, before any container, and its lazy server
     // fetches the list with nothing running.
-    let chains = format!("{}/", store.join("snapshots/chains").display());
-    let mounted = || {
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&chains))
-            .map(str::to_owned)
-            .collect::<Vec<_>>()
-    };
+    let mounted = || chain_mounts(&store);
     let servers = || {
         std::fs::read_dir(store.join("lazy"))
             .map(|d| {
@@ -2040,6 +1998,20 @@ fn prepare_on_layer_two(ds: &Daemons, second: &str) {
     for later in ["opt/data", "busybox", "srv/top"] {
         assert!(!tree.join(later).exists(), "{later} in a mount of layer 2");
     }
+}
+
+/// The mount points under `store`'s `snapshots/chains/` (the chain
+/// mounts), as /proc/self/mountinfo lists them, each as often as it is
+/// mounted.
+fn chain_mounts(store: &std::path::Path) -> Vec<String> {
+    let chains = format!("{}/", store.join("snapshots/chains").display());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&chains))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The rows of `ctr snapshots ls` output (header skipped): key, parent

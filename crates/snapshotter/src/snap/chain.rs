@@ -115,13 +115,8 @@ impl Snapshotter {
         r.map_err(|e| SnapError::Internal(format!("mounting chain image {img}: {e}")))
     }
 
-    /// Whether the image `img` of the store is incomplete (pulled lazily).
     fn incomplete(&self, img: &str) -> bool {
-        self.store
-            .image_record(img)
-            .ok()
-            .flatten()
-            .is_some_and(|r| r.lazy.is_some())
+        super::image_incomplete(&self.store, img)
     }
 
     /// Begins mounting the incomplete chain image `img` at `chains/<img>`

@@ -51,6 +51,16 @@ fn internal(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> SnapError
     move |e| SnapError::Internal(format!("{what}: {e}"))
 }
 
+/// Whether the image `img` of `store` is incomplete (pulled lazily: its
+/// record says so).
+fn image_incomplete(store: &Store, img: &str) -> bool {
+    store
+        .image_record(img)
+        .ok()
+        .flatten()
+        .is_some_and(|r| r.lazy.is_some())
+}
+
 /// The prefix of the refs that keep committed snapshots' chain images.
 pub const REF_PREFIX: &str = "containerd-snapshot-";
 

@@ -160,11 +160,7 @@ impl RemotePlan {
     }
 
     fn incomplete(&self, image: &str) -> bool {
-        self.store
-            .image_record(image)
-            .ok()
-            .flatten()
-            .is_some_and(|r| r.lazy.is_some())
+        super::image_incomplete(&self.store, image)
     }
 
     /// The layer placed in the whole image `l.image`: the top layer's
@@ -249,6 +245,7 @@ pub fn prepare(
 /// the server itself (docs/snapshotter.md, "The lazy remote path").
 fn mount_in_background(s: &Arc<Mutex<Snapshotter>>, img: String) {
     let s = s.clone();
+    let name = img.clone();
     let spawned = std::thread::Builder::new()
         .name("cairn-chain-mount".into())
         .spawn(move || {
@@ -260,7 +257,9 @@ fn mount_in_background(s: &Arc<Mutex<Snapshotter>>, img: String) {
             lock().finish_background_mount(m, r);
         });
     if let Err(e) = spawned {
-        tracing::warn!("chain image: not mounted ahead of its first container: a thread: {e}");
+        tracing::warn!(
+            "chain image {name}: not mounted ahead of its first container: starting a thread: {e}"
+        );
     }
 }
 
