@@ -156,13 +156,13 @@ def main():
             for link, img, mode, _run, nbytes in read_tsv(path):
                 after.setdefault((link, img, mode), []).append(int(nbytes))
     if after:
+        big = [f"{img} {mode} ({link}): {med(v) / MB:.1f} MB"
+               for (link, img, mode), v in sorted(after.items()) if med(v) >= 0.1 * MB]
         p("After the command: what the lazy server fetched between the command's end")
-        p("and its own exit (not in the tables above), median: it completes a large")
-        p("object the command read in part (so that it can be stored), and the rest of")
-        p("the prefetch list. "
-          + "; ".join(f"{img} {mode} ({link}): {med(v) / MB:.1f} MB"
-                      for (link, img, mode), v in sorted(after.items()) if med(v) >= 0.1 * MB)
-          + ("." if any(med(v) >= 0.1 * MB for v in after.values()) else "nothing over 0.1 MB."))
+        p("and its own exit (not in the tables above), median. A large object the")
+        p("command opened is completed there (read-behind), so that it can be stored,")
+        p("and what is left of the prefetch list is fetched. "
+          + ("; ".join(big) + "." if big else "Nothing over 0.1 MB."))
         p("")
     servers = [(k.split(" ", 1)[1], v[0]) for k, v in meta.items() if k.startswith("server ")]
     if servers:
