@@ -52,6 +52,7 @@ use serde_json::{json, Value};
 
 use crate::assemble::{assemble_image_from, now_rfc3339, ImportedImage};
 use crate::entry::clean_path;
+use crate::export::TarContents;
 use crate::layer::{import_layer, LayerInfo, Limits};
 use crate::layer_jobs::{first_of_each, import_each, Cancellable, DEFAULT_LAYER_JOBS};
 use crate::scan::{scan_dir, ScanOptions};
@@ -927,8 +928,12 @@ pub fn import_dir(
         .lock_shared()
         .map_err(LayerError::store("locking the store"))?;
 
+    // One pass: the scan reads metadata only; the tar writer reads each
+    // file from the directory and the importer digests and stores it, as
+    // the snapshotter's commit does (`write_tar_from` checks each file
+    // against the scan, beneath the directory, following no symlink).
     let scan = ScanOptions {
-        store: Some(store),
+        metadata_only: true,
         ..ScanOptions::default()
     };
     let (tree, _) = scan_dir(dir, &scan).map_err(|e| archive_err(&what, e))?;
@@ -940,7 +945,7 @@ pub fn import_dir(
                 tx: tx.clone(),
                 buf: Vec::with_capacity(CHANNEL_CHUNK),
             };
-            let r = crate::export::write_tar(tree, store, &mut w)
+            let r = crate::export::write_tar_from(tree, TarContents::Dir(dir), &mut w)
                 .and_then(|_| io::Write::flush(&mut w));
             if let Err(e) = r {
                 let _ = tx.send(Err(e));

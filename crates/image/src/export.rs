@@ -16,10 +16,12 @@
 
 use std::collections::HashMap;
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
+use std::num::NonZeroU64;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use cairn_erofs::tree::{FileType, InodeData, InodeId, Tree, ROOT};
 use cairn_store::{ObjectId, Store};
@@ -65,6 +67,10 @@ pub fn write_tar(tree: &Tree, store: &Store, out: &mut impl Write) -> io::Result
 
 /// Writes `tree` as a tar stream to `out`, reading regular file contents
 /// from `contents`. Returns the number of entries written.
+///
+/// From a directory, a few threads read ahead of the writer (see
+/// [`ReadAhead`]): a tree that is not in the page cache is read with
+/// several reads in flight instead of one file after another.
 pub fn write_tar_from(
     tree: &Tree,
     contents: TarContents<'_>,
@@ -81,16 +87,49 @@ pub fn write_tar_from(
             .map_err(|e| {
                 io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", d.display()))
             })?;
-            Source::Dir(fd, d)
+            Source::Dir(fd, d, ReadAhead::of(tree)?)
         }
     };
-    let store = &source;
-    let mut w = TarWriter { out };
+    let mut w = TarWriter {
+        out,
+        buf: vec![0; READ_BUF],
+    };
+    std::thread::scope(|s| {
+        if let Source::Dir(fd, _, ahead) = &source {
+            for k in 0..READ_AHEAD_THREADS {
+                // Only an optimisation: without it, each file is read when
+                // the writer gets to it.
+                if let Err(e) = std::thread::Builder::new()
+                    .name("cairn-readahead".into())
+                    .spawn_scoped(s, move || ahead.run(fd, k))
+                {
+                    tracing::debug!("no read-ahead thread {k}: {e}");
+                }
+            }
+        }
+        let r = walk(tree, |id, path, first| {
+            w.entry(tree, id, path, first, &source)
+        })
+        .and_then(|count| w.out.write_all(&[0u8; 1024]).map(|()| count));
+        if let Source::Dir(_, _, ahead) = &source {
+            ahead.stop();
+        }
+        r
+    })
+}
+
+/// Visits `tree` in tar order: depth-first, directories before their
+/// contents, names in order; each later name of a hardlinked inode with
+/// the path of its first. Sockets are left out (a tar cannot hold them).
+/// Returns the number of entries visited.
+fn walk(
+    tree: &Tree,
+    mut visit: impl FnMut(InodeId, &[u8], Option<&Vec<u8>>) -> io::Result<()>,
+) -> io::Result<u64> {
     let mut primary: HashMap<InodeId, Vec<u8>> = HashMap::new();
     let mut count = 0u64;
     let mut stack: Vec<(InodeId, Vec<u8>)> = vec![(ROOT, Vec::new())];
-    // Depth-first, directories before their contents, names in order.
-    w.entry(tree, ROOT, b"./", None, store)?;
+    visit(ROOT, b"./", None)?;
     count += 1;
     while let Some((dir, prefix)) = stack.pop() {
         let Some(entries) = tree.inode(dir).entries() else {
@@ -111,27 +150,159 @@ pub fn write_tar_from(
             if inode.is_dir() {
                 let mut p = path.clone();
                 p.push(b'/');
-                w.entry(tree, e.inode, &p, None, store)?;
+                visit(e.inode, &p, None)?;
                 subdirs.push((e.inode, p));
             } else if let Some(first) = primary.get(&e.inode) {
-                w.entry(tree, e.inode, &path, Some(first), store)?;
+                visit(e.inode, &path, Some(first))?;
             } else {
                 if inode.nlink > 1 {
                     primary.insert(e.inode, path.clone());
                 }
-                w.entry(tree, e.inode, &path, None, store)?;
+                visit(e.inode, &path, None)?;
             }
             count += 1;
         }
         // Depth-first: the first subdirectory is popped next.
         stack.extend(subdirs.into_iter().rev());
     }
-    w.out.write_all(&[0u8; 1024])?;
     Ok(count)
+}
+
+/// Threads that read ahead of the tar writer from a directory.
+const READ_AHEAD_THREADS: usize = 4;
+/// How far ahead of the writer they go, in files and in bytes.
+const READ_AHEAD_FILES: usize = 512;
+const READ_AHEAD_BYTES: u64 = 64 << 20;
+
+/// Read-ahead for a directory source: the files the writer will open, in
+/// its order, each asked of the kernel (`POSIX_FADV_WILLNEED`) before the
+/// writer gets there, at most [`READ_AHEAD_FILES`] files and
+/// [`READ_AHEAD_BYTES`] ahead of it. Nothing is read into this process:
+/// the kernel starts the reads and the page cache holds them, so memory
+/// stays bounded by the window.
+///
+/// The threads work only while the writer finds files missing from the
+/// page cache (its first read of each file does not wait: a miss is
+/// reported, [`ReadAhead::missed`]); on a tree that is cached, as the
+/// snapshotter's freshly unpacked layer is, they sleep and open nothing.
+/// A file the writer has already reached is skipped. Each file is opened
+/// the way the writer opens it (beneath the directory, through no
+/// symlink); a failure is left for the writer to find and report.
+struct ReadAhead {
+    /// Each file's tar path and size, in the writer's order.
+    files: Vec<(Vec<u8>, u64)>,
+    /// `ends[i]`: the bytes of files `0..=i`.
+    ends: Vec<u64>,
+    /// How many of `files` the writer has opened.
+    opened: AtomicUsize,
+    /// `opened` when the writer last found a file's data not cached (0:
+    /// never).
+    last_miss: AtomicUsize,
+    done: AtomicBool,
+}
+
+impl ReadAhead {
+    fn of(tree: &Tree) -> io::Result<ReadAhead> {
+        let mut files = Vec::new();
+        walk(tree, |id, path, first| {
+            let inode = tree.inode(id);
+            if let (None, InodeData::Regular(r)) = (first, &inode.data) {
+                if inode.size > 0 && r.content.is_none() {
+                    files.push((path.to_vec(), inode.size));
+                }
+            }
+            Ok(())
+        })?;
+        let mut total = 0;
+        let ends = files
+            .iter()
+            .map(|(_, size)| {
+                total += size;
+                total
+            })
+            .collect();
+        Ok(ReadAhead {
+            files,
+            ends,
+            opened: AtomicUsize::new(0),
+            last_miss: AtomicUsize::new(0),
+            done: AtomicBool::new(false),
+        })
+    }
+
+    /// The writer opened its next file.
+    fn advance(&self) {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The writer's file was not in the page cache.
+    fn missed(&self) {
+        self.last_miss
+            .store(self.opened.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    fn stop(&self) {
+        self.done.store(true, Ordering::Relaxed);
+    }
+
+    /// Thread `k`'s share: every [`READ_AHEAD_THREADS`]th file from `k`.
+    fn run(&self, dir: &OwnedFd, k: usize) {
+        let mut i = k;
+        while i < self.files.len() {
+            loop {
+                if self.done.load(Ordering::Relaxed) {
+                    return;
+                }
+                let at = self.opened.load(Ordering::Relaxed);
+                if i < at {
+                    // The writer got there first: catch up.
+                    i += (at - i).div_ceil(READ_AHEAD_THREADS) * READ_AHEAD_THREADS;
+                    if i >= self.files.len() {
+                        return;
+                    }
+                    continue;
+                }
+                let miss = self.last_miss.load(Ordering::Relaxed);
+                let cold = miss != 0 && at < miss + READ_AHEAD_FILES;
+                let behind = if at == 0 { 0 } else { self.ends[at - 1] };
+                if cold && i - at < READ_AHEAD_FILES && self.ends[i] - behind <= READ_AHEAD_BYTES {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(if cold { 1 } else { 5 }));
+            }
+            let (path, size) = &self.files[i];
+            if let Ok(f) = rustix::fs::openat2(
+                dir,
+                std::ffi::OsStr::from_bytes(path),
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            ) {
+                let len = NonZeroU64::new((*size).min(READ_AHEAD_BYTES));
+                let _ = rustix::fs::fadvise(&f, 0, len, rustix::fs::Advice::WillNeed);
+            }
+            i += READ_AHEAD_THREADS;
+        }
+    }
 }
 
 struct TarWriter<'a, W> {
     out: &'a mut W,
+    /// What a file's content is read into on its way to `out`.
+    buf: Vec<u8>,
+}
+
+/// The size of [`TarWriter::buf`]: most files in one read.
+const READ_BUF: usize = 256 * 1024;
+
+/// `pread`, retried when interrupted.
+fn read_at(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    loop {
+        match std::os::unix::fs::FileExt::read_at(f, buf, offset) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
 }
 
 const MAX_OCTAL_7: u64 = 0o7777777;
@@ -286,7 +457,7 @@ impl<W: Write> TarWriter<'_, W> {
                 self.out.write_all(content)?;
             } else {
                 let (f, what) = source.open(r, path, size)?;
-                let copied = io::copy(&mut f.take(size), self.out)?;
+                let copied = self.copy_file(&f, size, source)?;
                 if copied != size {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
@@ -302,6 +473,44 @@ impl<W: Write> TarWriter<'_, W> {
         Ok(())
     }
 
+    /// Copies up to `size` bytes of `f` to the stream; returns how many
+    /// there were. From a directory, the first read does not wait for the
+    /// disk (`RWF_NOWAIT`): if the data is not in the page cache, the
+    /// read-ahead threads are told, then the read waits.
+    fn copy_file(&mut self, f: &File, size: u64, source: &Source<'_>) -> io::Result<u64> {
+        let mut done = 0u64;
+        let mut probe = matches!(source, Source::Dir(..));
+        while done < size {
+            let want = (size - done).min(self.buf.len() as u64) as usize;
+            let buf = &mut self.buf[..want];
+            let n = if std::mem::take(&mut probe) {
+                match rustix::io::preadv2(
+                    f,
+                    &mut [io::IoSliceMut::new(buf)],
+                    done,
+                    rustix::io::ReadWriteFlags::NOWAIT,
+                ) {
+                    Ok(n) if n > 0 => n,
+                    Ok(_) | Err(rustix::io::Errno::AGAIN) => {
+                        if let Source::Dir(_, _, ahead) = source {
+                            ahead.missed();
+                        }
+                        read_at(f, buf, done)?
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            } else {
+                read_at(f, buf, done)?
+            };
+            if n == 0 {
+                break;
+            }
+            self.out.write_all(&self.buf[..n])?;
+            done += n as u64;
+        }
+        Ok(done)
+    }
+
     fn pad(&mut self, size: u64) -> io::Result<()> {
         let pad = (512 - size % 512) % 512;
         self.out.write_all(&[0u8; 512][..pad as usize])
@@ -311,7 +520,7 @@ impl<W: Write> TarWriter<'_, W> {
 /// [`TarContents`], with the directory open.
 enum Source<'a> {
     Store(&'a Store),
-    Dir(OwnedFd, &'a Path),
+    Dir(OwnedFd, &'a Path, ReadAhead),
 }
 
 impl Source<'_> {
@@ -332,7 +541,8 @@ impl Source<'_> {
                 })?;
                 Ok((f, format!("object {object}")))
             }
-            Source::Dir(fd, dir) => {
+            Source::Dir(fd, dir, ahead) => {
+                ahead.advance();
                 let rel = std::ffi::OsStr::from_bytes(path);
                 // Beneath the directory, through no symlink: a tree that
                 // changes under the walk cannot send the read elsewhere.

@@ -119,3 +119,95 @@ fn a_directory_source_refuses_what_changed_since_the_scan() {
     let e = write(&t).unwrap_err().to_string();
     assert!(e.contains("etc/deep/er/big"), "{e}");
 }
+
+/// Drops `root`'s regular files from the page cache (written back first),
+/// and says whether the kernel now holds the first page of none of them
+/// (`mincore`, which starts no read).
+fn evict(root: &Path) -> bool {
+    let mut files = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() && e.metadata().unwrap().len() > 0 {
+                let f = fs::File::open(e.path()).unwrap();
+                f.sync_all().unwrap();
+                rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+                files.push(f);
+            }
+        }
+    }
+    files.iter().all(|f| {
+        use std::os::fd::AsRawFd;
+        let mut v = 0u8;
+        // SAFETY: a shared read-only mapping of one page of a file this
+        // test holds open, unmapped before the closure returns; mincore
+        // writes one byte for one page into `v`.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            assert_eq!(libc::mincore(p, 4096, &mut v), 0);
+            libc::munmap(p, 4096);
+        }
+        v & 1 == 0
+    })
+}
+
+/// A tree that is not in the page cache is read ahead of the writer by
+/// other threads (`write_tar_from`'s read-ahead): the bytes are the same.
+#[test]
+fn a_directory_read_from_the_disk_writes_the_same_tar() {
+    // Not tmpfs: its pages cannot be dropped.
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let root = d.path().join("tree");
+    tree_at(&root);
+    // Enough files for the read-ahead to run ahead of the writer, in
+    // several directories, some larger than one read.
+    for dir in 0..8 {
+        let p = root.join(format!("many/d{dir}"));
+        fs::create_dir_all(&p).unwrap();
+        for i in 0..300usize {
+            let len = (i * 997 + dir * 131) % 20_000 + if i % 97 == 0 { 600_000 } else { 0 };
+            let body: Vec<u8> = (0..len).map(|b| (b * 7 + i + dir) as u8).collect();
+            fs::write(p.join(format!("f{i}")), body).unwrap();
+        }
+    }
+    let store = open_store(&d.path().join("store"));
+    let (stored, _) = scan_dir(
+        &root,
+        &ScanOptions {
+            store: Some(&store),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut from_objects = Vec::new();
+    write_tar(&stored, &store, &mut from_objects).unwrap();
+    let (meta, _) = scan_dir(
+        &root,
+        &ScanOptions {
+            metadata_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        evict(&root),
+        "files of {} stayed in the page cache: this test needs a filesystem that drops pages",
+        root.display()
+    );
+    let mut from_dir = Vec::new();
+    write_tar_from(&meta, TarContents::Dir(&root), &mut from_dir).unwrap();
+    assert!(from_objects.len() > 30_000_000, "{}", from_objects.len());
+    assert!(from_objects == from_dir, "the same tar bytes");
+}
