@@ -271,13 +271,7 @@ impl ReadAhead {
                 std::thread::sleep(std::time::Duration::from_millis(if cold { 1 } else { 5 }));
             }
             let (path, size) = &self.files[i];
-            if let Ok(f) = rustix::fs::openat2(
-                dir,
-                std::ffi::OsStr::from_bytes(path),
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
-                Mode::empty(),
-                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-            ) {
+            if let Ok(f) = open_beneath(dir, path) {
                 let len = NonZeroU64::new((*size).min(READ_AHEAD_BYTES));
                 let _ = rustix::fs::fadvise(&f, 0, len, rustix::fs::Advice::WillNeed);
             }
@@ -543,17 +537,7 @@ impl Source<'_> {
             }
             Source::Dir(fd, dir, ahead) => {
                 ahead.advance();
-                let rel = std::ffi::OsStr::from_bytes(path);
-                // Beneath the directory, through no symlink: a tree that
-                // changes under the walk cannot send the read elsewhere.
-                let f = rustix::fs::openat2(
-                    fd,
-                    rel,
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
-                    Mode::empty(),
-                    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-                )
-                .map_err(|e| {
+                let f = open_beneath(fd, path).map_err(|e| {
                     io::Error::new(
                         io::Error::from(e).kind(),
                         format!("{} in {}: {e}", name(), dir.display()),
@@ -580,6 +564,21 @@ impl Source<'_> {
             }
         }
     }
+}
+
+/// Opens `path` beneath the directory `dir` for reading, through no
+/// symlink: a tree that changes under the walk cannot send the read
+/// elsewhere. Without blocking: a FIFO put in a file's place must not hang
+/// the open (the caller then finds it is not a regular file); reads of a
+/// regular file do not heed `O_NONBLOCK`.
+fn open_beneath(dir: &OwnedFd, path: &[u8]) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat2(
+        dir,
+        std::ffi::OsStr::from_bytes(path),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
 }
 
 fn object_of(r: &cairn_erofs::RegularFile, path: &[u8]) -> io::Result<ObjectId> {

@@ -109,6 +109,25 @@ fn a_directory_source_refuses_what_changed_since_the_scan() {
     let e = write(&t).unwrap_err().to_string();
     assert!(e.contains("usr/bin/f1"), "{e}");
 
+    // A file replaced by a FIFO: refused, not waited on.
+    fs::remove_dir_all(&root).unwrap();
+    tree_at(&root);
+    let t = tar_of(&root);
+    fs::remove_file(root.join("usr/bin/f7")).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        root.join("usr/bin/f7"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let e = write(&t).unwrap_err().to_string();
+    assert!(
+        e.contains("usr/bin/f7") && e.contains("not a regular file"),
+        "{e}"
+    );
+
     // A directory on the path replaced by a symlink to another tree.
     fs::remove_dir_all(&root).unwrap();
     tree_at(&root);
