@@ -40,7 +40,7 @@
 //! first name in walk order is an inode's primary entry, `nlink` counts its
 //! names. This module works on trees only; it never writes the store.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::io::{BufRead, Read};
 
 use cairn_erofs::dump::{parse_line, Line};
@@ -497,6 +497,14 @@ fn link(image: &mut Tree, dir: InodeId, name: &[u8], id: InodeId) {
 /// name order (the order the dump printer and walkers use).
 fn reachable(tree: &Tree) -> Vec<(InodeId, Vec<u8>, InodeId)> {
     let mut out = Vec::new();
+    for_each_reachable(tree, |dir, name, id| out.push((dir, name.to_vec(), id)));
+    out
+}
+
+/// Calls `f(dir, name, inode)` for each entry reachable from the root, in
+/// depth-first name order (directories nested deeper than `MAX_DEPTH` are
+/// not entered).
+fn for_each_reachable(tree: &Tree, mut f: impl FnMut(InodeId, &[u8], InodeId)) {
     let mut stack: Vec<(InodeId, usize)> = vec![(ROOT, 0)];
     // Iterative depth-first: push children in reverse so they pop in order.
     while let Some((dir, depth)) = stack.pop() {
@@ -505,14 +513,13 @@ fn reachable(tree: &Tree) -> Vec<(InodeId, Vec<u8>, InodeId)> {
         };
         let mut subdirs = Vec::new();
         for (name, e) in entries {
-            out.push((dir, name.clone(), e.inode));
+            f(dir, name, e.inode);
             if tree.inode(e.inode).is_dir() && depth < cairn_erofs::tree::MAX_DEPTH {
                 subdirs.push((e.inode, depth + 1));
             }
         }
         stack.extend(subdirs.into_iter().rev());
     }
-    out
 }
 
 /// Makes hardlink flags and link counts consistent: for every inode with
@@ -520,12 +527,12 @@ fn reachable(tree: &Tree) -> Vec<(InodeId, Vec<u8>, InodeId)> {
 /// one; `nlink` of non-directories is the number of names.
 pub(crate) fn normalize_links(tree: &mut Tree) {
     let all = reachable(tree);
-    let mut count: HashMap<InodeId, u32> = HashMap::new();
+    // Indexed by inode id (ids are dense): no hashing of 80k keys.
+    let mut count = vec![0u32; tree.inodes.len()];
     let mut flags: Vec<(InodeId, Vec<u8>, bool)> = Vec::with_capacity(all.len());
     for (dir, name, id) in all {
-        let n = count.entry(id).or_insert(0);
-        *n += 1;
-        flags.push((dir, name, *n > 1));
+        count[id] += 1;
+        flags.push((dir, name, count[id] > 1));
     }
     for (dir, name, hardlink) in flags {
         if let InodeData::Directory(entries) = &mut tree.inode_mut(dir).data {
@@ -534,32 +541,40 @@ pub(crate) fn normalize_links(tree: &mut Tree) {
             }
         }
     }
-    for (id, n) in count {
+    for (id, n) in count.into_iter().enumerate() {
         let inode = tree.inode_mut(id);
-        if !inode.is_dir() {
+        if n > 0 && !inode.is_dir() {
             inode.nlink = n;
         }
     }
 }
 
-/// A copy of `tree` holding only what is reachable from the root, with
-/// consistent hardlinks.
-pub(crate) fn compact(tree: &Tree) -> Tree {
-    let mut new_id: HashMap<InodeId, InodeId> = HashMap::new();
-    new_id.insert(ROOT, ROOT);
-    let mut inodes: Vec<Inode> = vec![tree.inode(ROOT).clone()];
-    let all = reachable(tree);
-    for (_, _, id) in &all {
-        if !new_id.contains_key(id) {
-            new_id.insert(*id, inodes.len());
-            inodes.push(tree.inode(*id).clone());
+/// `tree` with only what is reachable from the root, renumbered in
+/// depth-first order, with consistent hardlinks. The inodes are moved, not
+/// copied.
+pub(crate) fn compact(tree: Tree) -> Tree {
+    const UNSEEN: InodeId = InodeId::MAX;
+    // Indexed by old inode id (ids are dense): the new id, or UNSEEN.
+    let mut new_id = vec![UNSEEN; tree.inodes.len()];
+    new_id[ROOT] = ROOT;
+    let mut order = vec![ROOT];
+    for_each_reachable(&tree, |_, _, id| {
+        if new_id[id] == UNSEEN {
+            new_id[id] = order.len();
+            order.push(id);
         }
-    }
+    });
+    let mut old: Vec<Option<Inode>> = tree.inodes.into_iter().map(Some).collect();
+    let mut inodes: Vec<Inode> = order
+        .into_iter()
+        .map(|id| old[id].take().expect("each inode is numbered once"))
+        .collect();
+    drop(old);
     for inode in &mut inodes {
         if let InodeData::Directory(entries) = &mut inode.data {
-            entries.retain(|_, e| new_id.contains_key(&e.inode));
+            entries.retain(|_, e| new_id[e.inode] != UNSEEN);
             for e in entries.values_mut() {
-                e.inode = new_id[&e.inode];
+                e.inode = new_id[e.inode];
             }
         }
     }

@@ -136,7 +136,7 @@ pub fn build_image_tree(store: &Store, diff_ids: &[String]) -> Result<Tree, Laye
         })?;
         apply_layer(&mut image, BufReader::with_capacity(1 << 20, file), diff_id)?;
     }
-    Ok(compact(&image))
+    Ok(compact(image))
 }
 
 /// Sums regular file sizes (each inode once) and checks that every object

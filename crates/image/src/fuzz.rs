@@ -124,7 +124,7 @@ pub fn fuzz_apply(data: &[u8]) {
             }
         }
     }
-    let image = compact(&image);
+    let image = compact(image);
     check_well_formed(&image);
 }
 
@@ -157,7 +157,7 @@ fn names(tree: &Tree) -> BTreeMap<Vec<u8>, InodeId> {
 }
 
 fn check_well_formed(tree: &Tree) {
-    let tree = compact(tree);
+    let tree = compact(tree.clone());
     let mut text = Vec::new();
     if let Err(e) = print_dump(&tree, &mut text) {
         panic!("the applied tree does not print: {e}");

@@ -117,7 +117,7 @@ pub fn tree_from_records(records: &[(String, Vec<u8>)]) -> Result<Tree, LayerErr
     for (name, record) in records {
         apply_layer(&mut image, record.as_slice(), name)?;
     }
-    Ok(compact(&image))
+    Ok(compact(image))
 }
 
 #[cfg(test)]

@@ -545,8 +545,9 @@ impl ObjectLookup<'_> {
         let Ok(listing) = fs::read_dir(&path) else {
             return Some(group[0]);
         };
-        let mut regular = std::collections::HashSet::new();
-        let mut unknown = std::collections::HashSet::new();
+        // Sorted and searched: no hashing of every name of the store.
+        let mut regular: Vec<[u8; 31]> = Vec::new();
+        let mut unknown: Vec<[u8; 31]> = Vec::new();
         for entry in listing {
             let Ok(entry) = entry else {
                 // A listing that fails part-way proves nothing: look up.
@@ -560,22 +561,20 @@ impl ObjectLookup<'_> {
             // filesystem leaves d_type unknown); if that fails, the lookup
             // decides.
             match entry.file_type() {
-                Ok(t) if t.is_file() => {
-                    regular.insert(rest);
-                }
+                Ok(t) if t.is_file() => regular.push(rest),
                 Ok(_) => {}
-                Err(_) => {
-                    unknown.insert(rest);
-                }
+                Err(_) => unknown.push(rest),
             }
         }
+        regular.sort_unstable();
+        unknown.sort_unstable();
         for id in group {
             let mut tail = [0u8; 31];
             tail.copy_from_slice(&id.0[1..]);
-            if regular.contains(&tail) {
+            if regular.binary_search(&tail).is_ok() {
                 continue;
             }
-            if unknown.contains(&tail) && self.has(id) {
+            if unknown.binary_search(&tail).is_ok() && self.has(id) {
                 continue;
             }
             return Some(*id);

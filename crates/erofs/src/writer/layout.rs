@@ -383,7 +383,10 @@ impl<'t> Layout<'t> {
     /// xattrs used by more than one inode go to the shared area, in the
     /// reference's canonical order (descending by key, then value).
     fn share_xattrs(&mut self) {
-        let mut counts: HashMap<(&[u8], &[u8]), u32> = HashMap::new();
+        // Sized once: growing it re-hashes every key, and an image of 80k
+        // files has about as many distinct xattrs (overlay redirects).
+        let total: usize = self.nodes.iter().map(|n| n.xattrs.len()).sum();
+        let mut counts: HashMap<(&[u8], &[u8]), u32> = HashMap::with_capacity(total);
         for n in &self.nodes {
             for (k, v) in &n.xattrs {
                 *counts.entry((k, v)).or_default() += 1;
@@ -399,7 +402,7 @@ impl<'t> Layout<'t> {
                 .then_with(|| b.1.len().cmp(&a.1.len()))
                 .then_with(|| b.1.cmp(a.1))
         });
-        let mut offsets: HashMap<(&[u8], &[u8]), u64> = HashMap::new();
+        let mut offsets: HashMap<(&[u8], &[u8]), u64> = HashMap::with_capacity(multi.len());
         let mut off = 0u64;
         let mut shared = Vec::with_capacity(multi.len());
         for kv in multi {
