@@ -181,10 +181,12 @@ const READ_AHEAD_BYTES: u64 = 64 << 20;
 /// the kernel starts the reads and the page cache holds them, so memory
 /// stays bounded by the window.
 ///
-/// The threads work only while the writer finds files missing from the
-/// page cache (its first read of each file does not wait: a miss is
-/// reported, [`ReadAhead::missed`]); on a tree that is cached, as the
-/// snapshotter's freshly unpacked layer is, they sleep and open nothing.
+/// The threads work only within a window of files past the last one
+/// found missing from the page cache, by the writer (its first read of
+/// each file does not wait: [`ReadAhead::missed`]) or by a thread (a
+/// one-byte read that does not wait, before advising). On a tree that is
+/// cached, as the snapshotter's freshly unpacked layer is, they sleep and
+/// open nothing.
 /// A file the writer has already reached is skipped. Each file is opened
 /// the way the writer opens it (beneath the directory, through no
 /// symlink); a failure is left for the writer to find and report.
@@ -195,8 +197,8 @@ struct ReadAhead {
     ends: Vec<u64>,
     /// How many of `files` the writer has opened.
     opened: AtomicUsize,
-    /// `opened` when the writer last found a file's data not cached (0:
-    /// never).
+    /// One past the furthest file found not cached, by the writer or by
+    /// the read-ahead (0: none yet).
     last_miss: AtomicUsize,
     done: AtomicBool,
 }
@@ -238,7 +240,7 @@ impl ReadAhead {
     /// The writer's file was not in the page cache.
     fn missed(&self) {
         self.last_miss
-            .store(self.opened.load(Ordering::Relaxed), Ordering::Relaxed);
+            .fetch_max(self.opened.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     fn stop(&self) {
@@ -272,8 +274,22 @@ impl ReadAhead {
             }
             let (path, size) = &self.files[i];
             if let Ok(f) = open_beneath(dir, path) {
-                let len = NonZeroU64::new((*size).min(READ_AHEAD_BYTES));
-                let _ = rustix::fs::fadvise(&f, 0, len, rustix::fs::Advice::WillNeed);
+                // A file found not cached here keeps the read-ahead going
+                // (the writer, finding what this advised in the cache,
+                // would not say so).
+                let mut b = [0u8; 1];
+                let cached = rustix::io::preadv2(
+                    &f,
+                    &mut [io::IoSliceMut::new(&mut b)],
+                    0,
+                    rustix::io::ReadWriteFlags::NOWAIT,
+                )
+                .is_ok();
+                if !cached {
+                    self.last_miss.fetch_max(i + 1, Ordering::Relaxed);
+                    let len = NonZeroU64::new((*size).min(READ_AHEAD_BYTES));
+                    let _ = rustix::fs::fadvise(&f, 0, len, rustix::fs::Advice::WillNeed);
+                }
             }
             i += READ_AHEAD_THREADS;
         }
