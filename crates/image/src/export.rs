@@ -95,6 +95,20 @@ pub fn write_tar_from(
         buf: vec![0; READ_BUF],
     };
     std::thread::scope(|s| {
+        // The threads end when the writer does, however it ends (a panic
+        // too: the scope waits for them before it unwinds).
+        struct StopOnDrop<'r>(Option<&'r ReadAhead>);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                if let Some(ahead) = self.0 {
+                    ahead.stop();
+                }
+            }
+        }
+        let _stop = StopOnDrop(match &source {
+            Source::Dir(_, _, ahead) => Some(ahead),
+            Source::Store(_) => None,
+        });
         if let Source::Dir(fd, _, ahead) = &source {
             for k in 0..READ_AHEAD_THREADS {
                 // Only an optimisation: without it, each file is read when
@@ -107,14 +121,10 @@ pub fn write_tar_from(
                 }
             }
         }
-        let r = walk(tree, |id, path, first| {
+        walk(tree, |id, path, first| {
             w.entry(tree, id, path, first, &source)
         })
-        .and_then(|count| w.out.write_all(&[0u8; 1024]).map(|()| count));
-        if let Source::Dir(_, _, ahead) = &source {
-            ahead.stop();
-        }
-        r
+        .and_then(|count| w.out.write_all(&[0u8; 1024]).map(|()| count))
     })
 }
 
@@ -278,14 +288,16 @@ impl ReadAhead {
                 // (the writer, finding what this advised in the cache,
                 // would not say so).
                 let mut b = [0u8; 1];
-                let cached = rustix::io::preadv2(
-                    &f,
-                    &mut [io::IoSliceMut::new(&mut b)],
-                    0,
-                    rustix::io::ReadWriteFlags::NOWAIT,
-                )
-                .is_ok();
-                if !cached {
+                let uncached = matches!(
+                    rustix::io::preadv2(
+                        &f,
+                        &mut [io::IoSliceMut::new(&mut b)],
+                        0,
+                        rustix::io::ReadWriteFlags::NOWAIT,
+                    ),
+                    Err(rustix::io::Errno::AGAIN)
+                );
+                if uncached {
                     self.last_miss.fetch_max(i + 1, Ordering::Relaxed);
                     let len = NonZeroU64::new((*size).min(READ_AHEAD_BYTES));
                     let _ = rustix::fs::fadvise(&f, 0, len, rustix::fs::Advice::WillNeed);
@@ -501,13 +513,16 @@ impl<W: Write> TarWriter<'_, W> {
                     rustix::io::ReadWriteFlags::NOWAIT,
                 ) {
                     Ok(n) if n > 0 => n,
-                    Ok(_) | Err(rustix::io::Errno::AGAIN) => {
+                    Err(rustix::io::Errno::AGAIN) => {
                         if let Source::Dir(_, _, ahead) = source {
                             ahead.missed();
                         }
                         read_at(f, buf, done)?
                     }
-                    Err(e) => return Err(e.into()),
+                    // End of file, or a filesystem without RWF_NOWAIT
+                    // (FUSE, some network filesystems: EOPNOTSUPP): the
+                    // plain read decides, and nothing is read ahead.
+                    Ok(_) | Err(_) => read_at(f, buf, done)?,
                 }
             } else {
                 read_at(f, buf, done)?
