@@ -35,32 +35,41 @@ fn tree_at(root: &Path) {
     .unwrap();
 }
 
-#[test]
-fn a_directory_source_writes_the_tar_its_objects_write() {
-    let d = tempfile::tempdir().unwrap();
-    let root = d.path().join("tree");
-    tree_at(&root);
-    let store = open_store(&d.path().join("store"));
+/// `root` as a tar twice: scanned into `store` and written from its
+/// objects, then scanned for metadata only and written from the directory
+/// (after `between` runs). Each with its entry count.
+fn tars_of(root: &Path, store: &cairn_store::Store, between: impl FnOnce()) -> [(Vec<u8>, u64); 2] {
     let (stored, _) = scan_dir(
-        &root,
+        root,
         &ScanOptions {
-            store: Some(&store),
+            store: Some(store),
             ..Default::default()
         },
     )
     .unwrap();
     let mut from_objects = Vec::new();
-    let n1 = write_tar(&stored, &store, &mut from_objects).unwrap();
+    let n1 = write_tar(&stored, store, &mut from_objects).unwrap();
     let (meta, _) = scan_dir(
-        &root,
+        root,
         &ScanOptions {
             metadata_only: true,
             ..Default::default()
         },
     )
     .unwrap();
+    between();
     let mut from_dir = Vec::new();
-    let n2 = write_tar_from(&meta, TarContents::Dir(&root), &mut from_dir).unwrap();
+    let n2 = write_tar_from(&meta, TarContents::Dir(root), &mut from_dir).unwrap();
+    [(from_objects, n1), (from_dir, n2)]
+}
+
+#[test]
+fn a_directory_source_writes_the_tar_its_objects_write() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("tree");
+    tree_at(&root);
+    let store = open_store(&d.path().join("store"));
+    let [(from_objects, n1), (from_dir, n2)] = tars_of(&root, &store, || ());
     assert_eq!(n1, n2);
     assert!(from_objects.len() > 300_000);
     assert!(from_objects == from_dir, "the same tar bytes");
@@ -202,31 +211,14 @@ fn a_directory_read_from_the_disk_writes_the_same_tar() {
         }
     }
     let store = open_store(&d.path().join("store"));
-    let (stored, _) = scan_dir(
-        &root,
-        &ScanOptions {
-            store: Some(&store),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let mut from_objects = Vec::new();
-    write_tar(&stored, &store, &mut from_objects).unwrap();
-    let (meta, _) = scan_dir(
-        &root,
-        &ScanOptions {
-            metadata_only: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert!(
-        evict(&root),
-        "files of {} stayed in the page cache: this test needs a filesystem that drops pages",
-        root.display()
-    );
-    let mut from_dir = Vec::new();
-    write_tar_from(&meta, TarContents::Dir(&root), &mut from_dir).unwrap();
+    let [(from_objects, n1), (from_dir, n2)] = tars_of(&root, &store, || {
+        assert!(
+            evict(&root),
+            "files of {} stayed in the page cache: this test needs a filesystem that drops pages",
+            root.display()
+        )
+    });
+    assert_eq!(n1, n2);
     assert!(from_objects.len() > 30_000_000, "{}", from_objects.len());
     assert!(from_objects == from_dir, "the same tar bytes");
 }
