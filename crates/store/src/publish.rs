@@ -47,6 +47,7 @@
 //! files and leaves them to [`Store::publish_staged`], as before. It does
 //! the same where `O_TMPFILE` or the link fails when it is probed.
 
+use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -190,6 +191,14 @@ struct Inner<'s> {
     anonymous: bool,
     /// Unnamed files one shard may hold.
     per_shard: usize,
+    /// The objects this publisher's shards hold unnamed (at most their
+    /// budget). A second copy in the same layer (a file the layer holds
+    /// twice) is dropped when it is complete, before a sync writes it out:
+    /// else it would be written, synced, found present at its link, and
+    /// its blocks freed again (a discard, where the filesystem is mounted
+    /// `discard`). A copy completed after the first is linked is dropped
+    /// by [`ObjectStager::finish`], which finds the object in the store.
+    unnamed: Mutex<HashSet<ObjectId>>,
     /// Each fan-out directory, once opened (and made if missing).
     dirs: Mutex<Vec<Option<Arc<File>>>>,
     /// Fan-out directories that got a new name.
@@ -228,6 +237,7 @@ impl Store {
             clock: SyncClock::default(),
             anonymous,
             per_shard,
+            unnamed: Mutex::new(HashSet::new()),
             dirs: Mutex::new((0..256).map(|_| None).collect()),
             changed: Fanouts::default(),
             new_fanout: AtomicBool::new(false),
@@ -349,11 +359,15 @@ impl<'s> Publisher<'s> {
         let name = Path::new(&hex[2..]);
         let dest = self.0.store.object_path(&p.id);
         // The count goes when the file is linked or dropped.
-        let Pending { tmp, _open, .. } = p;
-        if tmp.link_at(&*dir, name, &dest)? == Persisted::Created {
+        let Pending { id, tmp, _open, .. } = p;
+        let linked = tmp.link_at(&*dir, name, &dest)?;
+        if linked == Persisted::Created {
             self.0.changed.set(b);
             self.0.linked.fetch_add(1, Ordering::Relaxed);
         }
+        (self.0.unnamed.lock())
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
         Ok(())
     }
 
@@ -426,6 +440,15 @@ impl PublishShard<'_> {
         let mut staged = stager.finish(store)?;
         if staged.tmp.as_ref().is_some_and(TmpFile::is_anonymous) {
             let tmp = staged.tmp.take().expect("checked");
+            let first = (self.publisher.0.unnamed.lock())
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(staged.id);
+            if !first {
+                // Another shard of this layer holds (or linked) the same
+                // content: this copy goes now, unnamed and unsynced.
+                drop(tmp);
+                return Ok(staged);
+            }
             self.pending.push(Pending {
                 id: staged.id,
                 tmp,
@@ -518,5 +541,59 @@ impl Drop for PublishShard<'_> {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         left.append(&mut self.pending);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A layer that holds the same content twice, staged by two shards:
+    /// the second copy is dropped as it completes (it never waits for a
+    /// sync), and the object is published once, whole.
+    #[test]
+    fn a_second_copy_in_a_layer_is_dropped_before_any_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let publisher = store.publisher(2).unwrap();
+        let (mut a, mut b) = (publisher.shard(), publisher.shard());
+        let data = b"the same content, twice in one layer\n".repeat(100);
+        let stage = |shard: &mut PublishShard<'_>| {
+            let mut stager = shard.stage_object().unwrap();
+            stager.write(&data).unwrap();
+            shard.finish(stager).unwrap()
+        };
+        let first = stage(&mut a);
+        let second = stage(&mut b);
+        assert_eq!(first.id, second.id);
+        // Unnamed files are used wherever the store has no fs-verity.
+        assert!(publisher.0.anonymous || store.verity_supported());
+        if publisher.0.anonymous {
+            assert_eq!(a.pending(), 1, "the first copy waits for a sync");
+            assert_eq!(b.pending(), 0, "the second copy is gone");
+            // Once the first copy is linked, a third copy finds the object
+            // in the store and is dropped too.
+            publisher
+                .sync_covering(a.pending.last().unwrap().ticket)
+                .unwrap();
+            a.publish_ready();
+            assert_eq!(a.pending(), 0);
+            assert!(publisher.0.unnamed.lock().unwrap().is_empty());
+            assert_eq!(stage(&mut b).id, first.id);
+            assert_eq!(b.pending(), 0);
+        }
+        // A different object on the second shard is kept.
+        let mut stager = b.stage_object().unwrap();
+        stager.write(b"other").unwrap();
+        let other = b.finish(stager).unwrap();
+        publisher.staging_done();
+        a.publish_all();
+        b.publish_all();
+        drop((a, b));
+        let ids = [first.id, other.id];
+        publisher.finish().unwrap();
+        store.publish_staged([first, second, other]).unwrap();
+        assert_eq!(fs::read(store.object_path(&ids[0])).unwrap(), data);
+        assert_eq!(fs::read(store.object_path(&ids[1])).unwrap(), b"other");
     }
 }
