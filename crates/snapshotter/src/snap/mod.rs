@@ -109,6 +109,32 @@ pub struct Usage {
     pub inodes: i64,
 }
 
+/// Asks the filesystem to spread the directories made in `dir` over its
+/// block groups (ext4's `FS_TOPDIR_FL`, what `chattr +T` sets), as it
+/// does for directories in `/`. Committing a layer on the normal path
+/// frees every inode of the tree containerd unpacked into the snapshot's
+/// directory, and ext4 avoids reusing inodes freed in the last minute or
+/// so (`recently_deleted()`): each file or directory made next to them
+/// (the next snapshot's directories, the metadata records) then costs
+/// milliseconds instead of microseconds while its allocation skips them.
+/// With the flag each snapshot's directory goes to a group of its own.
+/// Measured here with containerd 1.6: warm `ctr run --rm` right after a
+/// normal-path pull took 0.17-0.27 s, and 0.14-0.16 s a minute later.
+/// Other filesystems ignore or refuse the flag; either is fine.
+fn spread_subdirectories(dir: &Path) {
+    use rustix::fs::{ioctl_getflags, ioctl_setflags, IFlags};
+    let r = File::open(dir).and_then(|d| {
+        let flags = ioctl_getflags(&d)?;
+        if !flags.contains(IFlags::TOPDIR) {
+            ioctl_setflags(&d, flags | IFlags::TOPDIR)?;
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        tracing::debug!("{}: not marked as a top directory: {e}", dir.display());
+    }
+}
+
 impl Snapshotter {
     /// Opens the snapshotter of the store at `root` (creating
     /// `<root>/snapshots/`). Fails if another snapshotter has it open.
@@ -121,6 +147,7 @@ impl Snapshotter {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(internal(dir.display())(e)),
         }
+        spread_subdirectories(&dir);
         let lock_path = dir.join("lock");
         let lock = File::options()
             .create(true)
@@ -963,6 +990,21 @@ mod chain_tests {
     /// records): an active or view snapshot on it, or its committed
     /// snapshot while that is the top of its chain; an intermediate
     /// chain only while a snapshot is on it.
+    /// The snapshot directories are spread over ext4's block groups (see
+    /// `spread_subdirectories`), where the filesystem has the flag.
+    #[test]
+    fn snapshot_directories_are_spread() {
+        use rustix::fs::{ioctl_getflags, IFlags};
+        let d = tempfile::tempdir().unwrap();
+        // ext2/3/4 (one magic number); others may refuse the flag.
+        let ext4 = rustix::fs::statfs(d.path()).unwrap().f_type == 0xEF53;
+        let _s = Snapshotter::open(d.path()).unwrap();
+        let snapshots = File::open(d.path().join("snapshots")).unwrap();
+        if ext4 {
+            assert!(ioctl_getflags(&snapshots).unwrap().contains(IFlags::TOPDIR));
+        }
+    }
+
     #[test]
     fn what_keeps_a_chain_mount() {
         let d = tempfile::tempdir().unwrap();
