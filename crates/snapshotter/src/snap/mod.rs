@@ -986,10 +986,6 @@ mod chain_tests {
         s.meta.put(rec, None).unwrap();
     }
 
-    /// What keeps a chain mount (no mount needed: the rule reads the
-    /// records): an active or view snapshot on it, or its committed
-    /// snapshot while that is the top of its chain; an intermediate
-    /// chain only while a snapshot is on it.
     /// The snapshot directories are spread over ext4's block groups (see
     /// `spread_subdirectories`), where the filesystem has the flag.
     #[test]
@@ -1005,6 +1001,10 @@ mod chain_tests {
         }
     }
 
+    /// What keeps a chain mount (no mount needed: the rule reads the
+    /// records): an active or view snapshot on it, or its committed
+    /// snapshot while that is the top of its chain; an intermediate
+    /// chain only while a snapshot is on it.
     #[test]
     fn what_keeps_a_chain_mount() {
         let d = tempfile::tempdir().unwrap();
