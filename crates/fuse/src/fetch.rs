@@ -630,14 +630,22 @@ impl Fetcher {
                 }
             }
         }
-        if group.len() > 1 {
+        // A single object goes through `stage_group` too where the source
+        // has it (the source checks what it stages once, as the stager
+        // hashes it; through `fetch`, its check and the stager's would be
+        // two passes over the bytes), unless it comes in pieces: streamed
+        // through `fetch`, an abandoned flight stops at its next write.
+        if group.len() > 1 || self.source.chunks(id).is_none() {
             if let Some(r) = self.source.stage_group(store, &group) {
-                let staged =
-                    r.map_err(|e| format!("fetching object {id} with its neighbours: {e}"))?;
+                let what = if group.len() > 1 {
+                    format!("fetching object {id} with its neighbours")
+                } else {
+                    format!("fetching object {id}")
+                };
+                let staged = r.map_err(|e| format!("{what}: {e}"))?;
                 if abandoned.load(Ordering::SeqCst) {
                     return Err(format!(
-                        "fetching object {id} with its neighbours: abandoned after the \
-                         deadline; nothing stored"
+                        "{what}: abandoned after the deadline; nothing stored"
                     ));
                 }
                 // The store named each staged file by its digest: a file
@@ -648,9 +656,7 @@ impl Fetcher {
                     .filter(|s| group.contains(&s.id()))
                     .collect();
                 let Some(at) = staged.iter().position(|s| s.id() == *id) else {
-                    return Err(format!(
-                        "fetching object {id} with its neighbours: the source did not bring it"
-                    ));
+                    return Err(format!("{what}: the source did not bring it"));
                 };
                 staged.swap(0, at);
                 return Ok(staged.into_iter().map(|s| (s.id(), s)).collect());

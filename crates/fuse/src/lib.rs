@@ -109,15 +109,17 @@ pub trait ObjectSource: Send + Sync {
         vec![*id]
     }
 
-    /// Fetches `group` (a prefix of what [`group`](Self::group) gave, at
-    /// least two objects) and stages each object with the store's staging
+    /// Fetches `group` (a prefix of what [`group`](Self::group) gave: two
+    /// objects or more, or one for which [`chunks`](Self::chunks) is
+    /// `None`) and stages each object with the store's staging
     /// ([`Store::stage_object`], which names a file by the digest of its
     /// bytes, so nothing can be served or stored under a name it does not
     /// hash to), in `group`'s order; it publishes nothing. The server
     /// answers the opens waiting for them from the staged files, then
     /// publishes them ([`Store::publish_staged`]). The server holds the
     /// store lock shared. `None` (the default): not supported; the server
-    /// fetches `group[0]` alone with [`fetch`](Self::fetch).
+    /// fetches `group[0]` alone with [`fetch`](Self::fetch), and hashes
+    /// what it writes to check it.
     fn stage_group(
         &self,
         _store: &Store,

@@ -267,27 +267,11 @@ impl RemoteObjects {
             out.write_all(&data).map_err(write_err)?;
             return Ok(e.size);
         }
-        // A run of chunks a request (they lie end to end in a pack), each
-        // checked before it is written.
         let mut hasher = FsVerityHasher::new();
-        for run in chunk_runs(&e.frames) {
-            let (first, last) = (e.frames[run.start], e.frames[run.end - 1]);
-            let z = self.range(
-                first.pack,
-                first.offset,
-                last.offset + last.compressed - first.offset,
-            )?;
-            for k in run {
-                let f = &e.frames[k];
-                let at = (f.offset - first.offset) as usize;
-                let Some(bytes) = z.get(at..at + f.compressed as usize) else {
-                    return Err(self.corrupt(id, f.pack, format!("chunk {k}: a short range")));
-                };
-                let data = self.check_chunk(id, k, f, bytes)?;
-                hasher.update(&data);
-                out.write_all(&data).map_err(write_err)?;
-            }
-        }
+        self.each_chunk(id, &e, |data| {
+            hasher.update(data);
+            out.write_all(data).map_err(write_err)
+        })?;
         let actual = hasher.finalize();
         if actual != *id {
             return Err(self.corrupt(
@@ -297,6 +281,60 @@ impl RemoteObjects {
             ));
         }
         Ok(e.size)
+    }
+
+    /// The chunks of the chunked object `e` (`id`), in order, each checked
+    /// against its sha256 before `f` gets it: a request a run of chunks
+    /// (they lie end to end in a pack).
+    fn each_chunk(
+        &self,
+        id: &ObjectId,
+        e: &ObjectEntry,
+        mut f: impl FnMut(&[u8]) -> Result<(), RemoteError>,
+    ) -> Result<(), RemoteError> {
+        for run in chunk_runs(&e.frames) {
+            let (first, last) = (e.frames[run.start], e.frames[run.end - 1]);
+            let z = self.range(
+                first.pack,
+                first.offset,
+                last.offset + last.compressed - first.offset,
+            )?;
+            for k in run {
+                let frame = &e.frames[k];
+                let at = (frame.offset - first.offset) as usize;
+                let Some(bytes) = z.get(at..at + frame.compressed as usize) else {
+                    return Err(self.corrupt(id, frame.pack, format!("chunk {k}: a short range")));
+                };
+                f(&self.check_chunk(id, k, frame, bytes)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stages the single-frame object `id` from its compressed bytes `z`,
+    /// checked: the stager computes the fs-verity digest of what it
+    /// writes (the one pass over the bytes that names the file), and a
+    /// staged file that is not `id` is dropped with an error, never
+    /// published or served.
+    fn stage_frame(
+        &self,
+        store: &Store,
+        id: &ObjectId,
+        f: &Frame,
+        z: &[u8],
+    ) -> Result<StagedObject, RemoteError> {
+        let data = artifact::unzstd_exact(z, f.size).map_err(|d| self.corrupt(id, f.pack, d))?;
+        let mut stager = store.stage_object()?;
+        stager.write(&data)?;
+        let staged = stager.finish(store)?;
+        if staged.id() != *id {
+            return Err(self.corrupt(
+                id,
+                f.pack,
+                format!("its bytes hash to object {}", staged.id()),
+            ));
+        }
+        Ok(staged)
     }
 
     /// Decompresses a single-frame object and checks its fs-verity digest.
@@ -394,7 +432,7 @@ impl RemoteObjects {
         }
     }
 
-    /// Fetches a run of two or more single-frame objects of one pack (as
+    /// Fetches a run of one or more single-frame objects of one pack (as
     /// [`publish_group`](Self::publish_group) takes them) with one range
     /// request and stages each, checked against its fs-verity digest, in
     /// `group`'s order; publishes nothing. The caller publishes them
@@ -515,19 +553,24 @@ impl RemoteObjects {
         })
     }
 
-    /// Stages object `id`, fetched and checked, for publication.
+    /// Stages object `id`, fetched and checked, for publication: its
+    /// bytes are hashed once, by the stager (a chunked object's chunks
+    /// are also checked against their sha256 as they arrive).
     fn stage(&self, store: &Store, id: &ObjectId) -> Result<StagedObject, RemoteError> {
+        let e = self.index.get(id).ok_or_else(|| self.not_listed(id))?;
+        if !e.is_chunked() {
+            let f = e.frames[0];
+            let z = self.range(f.pack, f.offset, f.compressed)?;
+            return self.stage_frame(store, id, &f, &z);
+        }
         let mut stager = store.stage_object()?;
-        let mut sink = StagerWriter(&mut stager);
-        let e = self.index.get(id);
-        self.fetch(id, &mut sink)?;
+        self.each_chunk(id, &e, |data| Ok(stager.write(data)?))?;
         let staged = stager.finish(store)?;
         if staged.id() != *id {
-            // `fetch` checked it: this would be a bug, not a registry.
             return Err(self.corrupt(
                 id,
-                e.map_or(0, |e| e.frames[0].pack),
-                format!("staged as {}", staged.id()),
+                e.frames[0].pack,
+                format!("its chunks hash to object {}", staged.id()),
             ));
         }
         Ok(staged)
@@ -547,12 +590,7 @@ impl RemoteObjects {
         let mut out = Vec::with_capacity(group.len());
         for (id, f) in group {
             let at = (f.offset - first.offset) as usize;
-            let data = self.verify_frame(id, f, &bytes[at..at + f.compressed as usize])?;
-            let mut stager = store.stage_object()?;
-            stager.write(&data)?;
-            let staged = stager.finish(store)?;
-            debug_assert_eq!(staged.id(), *id);
-            out.push(staged);
+            out.push(self.stage_frame(store, id, f, &bytes[at..at + f.compressed as usize])?);
         }
         Ok(out)
     }
@@ -587,22 +625,6 @@ pub(crate) fn incomplete_source(
             "it was pulled from a cairn artifact, not from an eStargz image",
         )),
         _ => Ok(lazy),
-    }
-}
-
-/// An `ObjectStager` as a `Write`.
-struct StagerWriter<'a>(&'a mut cairn_store::ObjectStager);
-
-impl Write for StagerWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .write(buf)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
