@@ -19,7 +19,9 @@
 # Figures, medians of --runs interleaved cold samples (page cache dropped,
 # fresh containerd root and cairn store each):
 #   - cold `ctr image pull` and `ctr run --rm IMAGE ID /bin/true` after it;
-#   - warm `ctr run --rm IMAGE ID /bin/true` (the image pulled, 3 starts);
+#   - warm `ctr run --rm IMAGE ID /bin/true` (the image pulled; the median
+#     of --warm starts, 7 by default: the figures differ by 20-30 ms, and
+#     a median of 3 moved by 0.1x between runs);
 #   - cold pull and a first run of the image's command (python:
 #     `python3 -c 'import numpy'`; linux: `ls -lR` of kernel/ and the head
 #     of the Makefile), separate samples;
@@ -37,13 +39,13 @@
 # pushed to its registry storage with their lazy artifacts (bench/IMG-lazy).
 #
 #   sudo bench/containerd.sh [--runs N] [--only python,linux] [--containerd 2.4|1.6]
-#                            [--cairn BIN] [--out FILE] [--work DIR]
+#                            [--warm N] [--cairn BIN] [--out FILE] [--work DIR]
 set -euo pipefail
 
 here=$(dirname "$(readlink -f "$0")")
 repo=$(dirname "$here")
 all_args=("$@")
-runs=3 only=python ctd_version=2.4
+runs=3 warm_runs=7 only=python ctd_version=2.4
 cairn=$repo/target/x86_64-unknown-linux-musl/release/cairn
 out=$repo/bench/results/containerd.md
 work=/var/tmp/cairn-bench-containerd
@@ -57,6 +59,7 @@ say() { echo "==> $*" >&2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift ;;
+    --warm) warm_runs=$2; shift ;;
     --only) only=$2; shift ;;
     --cairn) cairn=$(readlink -f "$2"); shift ;;
     --out) out=$2; shift ;;
@@ -70,6 +73,7 @@ done
 IFS=, read -r -a images <<<"$only"
 for img in "${images[@]}"; do case "$img" in python | linux) ;; *) die "--only: python, linux" ;; esac; done
 case "$ctd_version" in 1.6 | 2.4) ;; *) die "--containerd: 1.6 (Debian's) or 2.4 (2.4.2)" ;; esac
+[[ "$warm_runs" =~ ^[1-9][0-9]*$ ]] || die "--warm: a number of starts, at least 1"
 [ "$(id -u)" -eq 0 ] || die "run as root"
 [ -x "$cairn" ] || die "no cairn binary at $cairn (cargo build --release, or --cairn BIN)"
 
@@ -460,12 +464,12 @@ for img in "${images[@]}"; do
       bytes=$(sent_since "$a0")
       check_path "$d" "$mode"
       w=()
-      for i in 1 2 3; do
+      for i in $(seq 1 "$warm_runs"); do
         t1=$(now)
         ctr run --rm --snapshotter "$sn" "$ref" "w$n-$i" /bin/true >/dev/null 2>&1 || die "warm run ($mode)"
         w+=("$(since "$t1")")
       done
-      warm=$(printf '%s\n' "${w[@]}" | sort -n | sed -n 2p)
+      warm=$(printf '%s\n' "${w[@]}" | sort -n | sed -n "$(((warm_runs + 1) / 2))p")
       printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$img" "$mode" "$tp" "$tr" "$warm" "$bytes" >>"$samples"
       say "$img run $r $mode: pull ${tp}s, pull+run ${tr}s, warm run ${warm}s, ${bytes} bytes from the registry"
       stop_all
@@ -499,6 +503,7 @@ done
   printf 'versions\t%s\n' "containerd $("$bin/containerd" --version | awk '{ print $3 }'), runc $(runc --version | head -1 | awk '{ print $3 }'), cairn $("$cairn" --version | awk '{ print $2 }') ($cairn_given, $(git -C "$repo" log -1 --format=%h 2>/dev/null))"
   printf 'command\t%s\n' "bench/containerd.sh ${all_args[*]}"
   printf 'runs\t%s\n' "$runs"
+  printf 'warm\t%s\n' "$warm_runs"
   for img in "${images[@]}"; do
     printf 'cmd %s\t%s\n' "$img" "$(cmd_json "$img")"
     printf 'prefetch %s\t%s\n' "$img" "$(wc -l <"$work/registry/$img.prefetch" 2>/dev/null || echo '?')"

@@ -53,7 +53,8 @@ def main():
     out.append(f"Load: {meta['load']}.  ")
     out.append(f"{meta['versions']}.  ")
     out.append(f"`{meta['command']}`; medians of {meta['runs']} interleaved cold samples "
-               "(page cache dropped, fresh containerd root and cairn store each).")
+               "(page cache dropped, fresh containerd root and cairn store each); a sample's warm "
+               f"start is the median of its {meta.get('warm', '3')} warm starts.")
     out.append("")
     out.append("The remote lazy path pulls a copy of the image that has a cairn lazy artifact "
                "(`cairn push`, with the prefetch list a first `cairn run --lazy --record-prefetch` of "
