@@ -3,8 +3,10 @@
 //! fetched (the registry, behind a counting proxy, has served only those
 //! ranges), a chunk the registry corrupts gives `EIO` and a log line
 //! naming the object and the blob, and the object is later complete,
-//! verified, stored and passed through. Mounts for real: root only, never
-//! skipped.
+//! verified, stored and passed through. A small file whose one frame the
+//! registry corrupts gives `EIO` too (the fs-verity digest its staged copy
+//! hashes to is not its name), and nothing of it is stored. Mounts for
+//! real: root only, never skipped.
 
 mod support;
 
@@ -27,13 +29,16 @@ fn sha256_hex(d: &[u8]) -> String {
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(d)))
 }
 
-/// One gzip layer: a 40 MiB file, an 8 MiB file, a small one.
-fn push_image(reg: &LocalRegistry, repo: &str, big: &[u8], other: &[u8]) -> String {
+/// One gzip layer: a 40 MiB file, an 8 MiB file, two small ones (the
+/// last, `tiny.bin`, random: its zstd frame holds its bytes as they are,
+/// so a byte flipped in it still decodes, to bytes of another digest).
+fn push_image(reg: &LocalRegistry, repo: &str, big: &[u8], other: &[u8], tiny: &[u8]) -> String {
     let mut t = Tar::default();
     t.dir("data")
         .file("data/big.bin", big)
         .file("data/other.bin", other)
-        .file("data/small.txt", &text(3000, 7));
+        .file("data/small.txt", &text(3000, 7))
+        .file("data/tiny.bin", tiny);
     let tar = t.finish();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
     gz.write_all(&tar).unwrap();
@@ -94,7 +99,8 @@ fn privileged_lazy_large_file_is_read_chunk_by_chunk() {
     let reg = LocalRegistry::start();
     let big = random_bytes(40 * MIB + 4321, 11);
     let other = random_bytes(8 * MIB, 12);
-    let reference = push_image(&reg, "lazy/chunks", &big, &other);
+    let tiny = random_bytes(5000, 13);
+    let reference = push_image(&reg, "lazy/chunks", &big, &other, &tiny);
     let dir = tempfile::Builder::new()
         .prefix("cairn-lazy-chunks")
         .tempdir()
@@ -163,6 +169,24 @@ fn privileged_lazy_large_file_is_read_chunk_by_chunk() {
     g.read_exact_at(&mut small, (6 * MIB + 10) as u64).unwrap();
     assert!(small[..] == other[6 * MIB + 10..6 * MIB + 4106]);
 
+    // 2b. A small object, the last of its pack (no neighbours: fetched
+    // alone), corrupted in flight: EIO, nothing stored; then it is read.
+    proxy.corrupt.store(true, Ordering::SeqCst);
+    let err =
+        fs::read(target.join("data/tiny.bin")).expect_err("a corrupt object must not be read");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    proxy.corrupt.store(false, Ordering::SeqCst);
+    assert_eq!(
+        objects_of_len(&b, tiny.len() as u64),
+        0,
+        "a corrupt object was stored"
+    );
+    assert!(fs::read(target.join("data/tiny.bin")).unwrap() == tiny);
+    // Answered from the checked staged file; published right after.
+    wait_for("tiny.bin stored", 20, || {
+        objects_of_len(&b, tiny.len() as u64) == 1
+    });
+
     // 3. The rest follows: both verified and stored, and the early
     // handle reads the whole file.
     wait_for("both large objects stored", 120, || {
@@ -202,6 +226,8 @@ fn privileged_lazy_large_file_is_read_chunk_by_chunk() {
         log.contains("sha256:") && log.contains("chunk") && log.contains("EIO"),
         "{log}"
     );
+    // The small object's line: its name, the pack, what it hashed to.
+    assert!(log.contains("hash to object"), "{log}");
     assert!(log.contains("chunked_published: 2"), "{log}");
     if log.contains("passthrough: true") {
         assert!(!log.contains("passthrough_opens: 0,"), "{log}");
