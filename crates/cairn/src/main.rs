@@ -38,6 +38,7 @@ static MIMALLOC_ONE_NUMA_NODE: extern "C" fn() = {
 
 mod import;
 mod lazy_mount;
+mod log;
 #[cfg(all(target_env = "musl", target_arch = "x86_64"))]
 mod memcpy;
 mod mkfs;
@@ -224,7 +225,7 @@ fn parse_idmap(s: &str) -> Result<cairn_mount::IdMap, String> {
     Ok(map)
 }
 
-fn init_logging(g: &Global, timestamps: bool) {
+fn init_logging(g: &Global, daemon: bool) {
     use tracing_subscriber::filter::Targets;
     let level = if g.quiet {
         "error"
@@ -250,15 +251,18 @@ fn init_logging(g: &Global, timestamps: bool) {
         },
         Err(_) => (default(), None),
     };
-    let fmt = tracing_subscriber::fmt()
+    use std::io::IsTerminal;
+    if daemon {
+        log::as_daemon();
+    }
+    tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
         .with_writer(std::io::stderr)
-        .with_target(false);
-    if timestamps {
-        fmt.finish().with(filter).init();
-    } else {
-        fmt.without_time().finish().with(filter).init();
-    }
+        .with_ansi(std::io::stderr().is_terminal())
+        .event_format(log::Lines::new())
+        .finish()
+        .with(filter)
+        .init();
     if let Some((directives, e)) = bad {
         tracing::warn!("ignoring CAIRN_LOG={directives:?}: {e}");
     }
@@ -285,7 +289,7 @@ pub(crate) fn output<T: Serialize>(
 
 fn main() {
     let cli = Cli::parse_from(run_cmds::rewrite_volume_flags(std::env::args_os()));
-    // A daemon's log lines carry the time; a command's do not.
+    // A daemon's log lines carry the time; a command's do not (log.rs).
     init_logging(
         &cli.global,
         matches!(cli.command, Command::Snapshotter { .. }),

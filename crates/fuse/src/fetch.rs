@@ -207,6 +207,20 @@ impl Fetcher {
     /// at once, on this thread, if the object is there already; otherwise
     /// later, on a fetch thread or the timer.
     pub fn when_present(self: &Arc<Self>, id: &ObjectId, size: u64, waiter: Waiter) {
+        if tracing::enabled!(tracing::Level::DEBUG) && !self.present(id) {
+            let began = Instant::now();
+            let name = *id;
+            let waiter: Waiter = Box::new(move |outcome| {
+                tracing::debug!(
+                    object = %name,
+                    "an open waited {:.1} ms for the object ({size} bytes): {}",
+                    began.elapsed().as_secs_f64() * 1e3,
+                    outcome.as_ref().map_or_else(|e| e.as_str(), |()| "there"),
+                );
+                waiter(outcome)
+            });
+            return self.submit(id, size, waiter, false);
+        }
         self.submit(id, size, waiter, false);
     }
 

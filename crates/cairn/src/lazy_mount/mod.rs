@@ -602,6 +602,8 @@ fn servers(root: &Path) -> Result<Vec<ServerInfo>> {
 pub(crate) fn command(root: &Path, cmd: LazyCommand) -> Result<()> {
     match cmd {
         LazyCommand::Worker => {
+            // Its stderr is the server's log file.
+            crate::log::as_daemon();
             let code = lazy_worker().unwrap_or_else(|e| {
                 eprintln!("cairn lazy worker: {e:#}");
                 EXIT_CANNOT_RESUME

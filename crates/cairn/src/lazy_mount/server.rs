@@ -115,6 +115,7 @@ pub(super) fn supervise(
         libc::dup2(streams.log.as_raw_fd(), 2);
     }
     drop(streams);
+    crate::log::as_daemon();
     let digest = served.digest.clone();
     let mut start = Some(Start::First { ready });
     let mut restarts = 0u32;
