@@ -600,12 +600,12 @@ impl Fetcher {
         if crate::has_local(store, &*self.source, id) {
             return (Ok(()), Vec::new());
         }
-        let staged = match self.fetch_staged(flight) {
+        let mut entered = Vec::new();
+        let staged = match self.fetch_staged(flight, &mut entered) {
             Ok(s) => s,
-            Err(e) => return (Err(e), Vec::new()),
+            Err(e) => return (Err(e), entered),
         };
         let neighbours = staged.len().saturating_sub(1);
-        let entered = self.answer_early(flight, &staged);
         let published = store
             .publish_staged(staged.into_iter().map(|(_, s)| s))
             .map_err(|e| format!("publishing object {id}: {e}"));
@@ -618,10 +618,20 @@ impl Fetcher {
     }
 
     /// Fetches the flight's object (with its neighbours, where the source
-    /// can) into staged files, each checked: the object first, each with
-    /// the name it was asked for (for a source with foreign names, not the
-    /// digest the store gives the file).
-    fn fetch_staged(&self, flight: &Arc<Flight>) -> Result<Vec<(ObjectId, StagedObject)>, String> {
+    /// can) into staged files, each checked, and answers the opens waiting
+    /// for each from its staged file as soon as it is there
+    /// ([`answer_early`](Self::answer_early); the ids entered in the
+    /// [`verified`](Self::verified) table are added to `entered`, also on
+    /// an error). Returns the staged files to publish: the object first,
+    /// each with the name it was asked for (for a source with foreign
+    /// names, not the digest the store gives the file). A source that
+    /// fails on a neighbour after it brought the object: what it brought
+    /// is kept, and the failure logged.
+    fn fetch_staged(
+        &self,
+        flight: &Arc<Flight>,
+        entered: &mut Vec<ObjectId>,
+    ) -> Result<Vec<(ObjectId, StagedObject)>, String> {
         let (id, size, abandoned) = (&flight.id, flight.size, &flight.abandoned);
         let store = &*self.store;
         let mut group = self.source.group(store, id);
@@ -650,30 +660,48 @@ impl Fetcher {
         // two passes over the bytes), unless it comes in pieces: streamed
         // through `fetch`, an abandoned flight stops at its next write.
         if group.len() > 1 || self.source.chunks(id).is_none() {
-            if let Some(r) = self.source.stage_group(store, &group) {
+            let mut got: Vec<(ObjectId, StagedObject)> = Vec::with_capacity(group.len());
+            let r = self.source.stage_group(store, &group, &mut |s| {
+                let name = s.id();
+                // The store named each staged file by its digest: a file
+                // named otherwise than asked is a neighbour the source
+                // got wrong, and is dropped (never served, never stored).
+                if !group.contains(&name) || got.iter().any(|(g, _)| *g == name) {
+                    return;
+                }
+                let one = [(name, s)];
+                if !abandoned.load(Ordering::SeqCst) {
+                    entered.extend(self.answer_early(flight, &one));
+                }
+                let [one] = one;
+                got.push(one);
+            });
+            if let Some(r) = r {
                 let what = if group.len() > 1 {
                     format!("fetching object {id} with its neighbours")
                 } else {
                     format!("fetching object {id}")
                 };
-                let staged = r.map_err(|e| format!("{what}: {e}"))?;
                 if abandoned.load(Ordering::SeqCst) {
                     return Err(format!(
                         "{what}: abandoned after the deadline; nothing stored"
                     ));
                 }
-                // The store named each staged file by its digest: a file
-                // named otherwise than asked is a neighbour the source
-                // got wrong, and is dropped (never served, never stored).
-                let mut staged: Vec<StagedObject> = staged
-                    .into_iter()
-                    .filter(|s| group.contains(&s.id()))
-                    .collect();
-                let Some(at) = staged.iter().position(|s| s.id() == *id) else {
-                    return Err(format!("{what}: the source did not bring it"));
-                };
-                staged.swap(0, at);
-                return Ok(staged.into_iter().map(|s| (s.id(), s)).collect());
+                let at = got.iter().position(|(g, _)| g == id);
+                match (r, at) {
+                    (Err(e), None) => return Err(format!("{what}: {e}")),
+                    (Ok(()), None) => return Err(format!("{what}: the source did not bring it")),
+                    (Err(e), Some(_)) => tracing::warn!(
+                        object = %id,
+                        "{what}: {e}; keeping the {} object(s) checked before that",
+                        got.len()
+                    ),
+                    (Ok(()), Some(_)) => {}
+                }
+                if let Some(at) = at {
+                    got.swap(0, at);
+                }
+                return Ok(got);
             }
         }
         let stager = store
@@ -720,7 +748,9 @@ impl Fetcher {
                 staged.id()
             ));
         }
-        Ok(vec![(*id, staged)])
+        let staged = vec![(*id, staged)];
+        entered.extend(self.answer_early(flight, &staged));
+        Ok(staged)
     }
 }
 

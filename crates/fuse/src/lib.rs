@@ -114,17 +114,21 @@ pub trait ObjectSource: Send + Sync {
     /// `None`) and stages each object with the store's staging
     /// ([`Store::stage_object`], which names a file by the digest of its
     /// bytes, so nothing can be served or stored under a name it does not
-    /// hash to), in `group`'s order; it publishes nothing. The server
-    /// answers the opens waiting for them from the staged files, then
-    /// publishes them ([`Store::publish_staged`]). The server holds the
-    /// store lock shared. `None` (the default): not supported; the server
-    /// fetches `group[0]` alone with [`fetch`](Self::fetch), and hashes
-    /// what it writes to check it.
+    /// hash to), in `group`'s order, handing each to `staged` as soon as
+    /// it is staged (a source that streams hands over the first object
+    /// before the rest has arrived); it publishes nothing. The server
+    /// answers the opens waiting for each object from its staged file as
+    /// it is handed over, then publishes what it got
+    /// ([`Store::publish_staged`]), also when the source failed on a later
+    /// object. The server holds the store lock shared. `None` (the
+    /// default): not supported; the server fetches `group[0]` alone with
+    /// [`fetch`](Self::fetch), and hashes what it writes to check it.
     fn stage_group(
         &self,
         _store: &Store,
         _group: &[ObjectId],
-    ) -> Option<Result<Vec<StagedObject>, FetchError>> {
+        _staged: &mut dyn FnMut(StagedObject),
+    ) -> Option<Result<(), FetchError>> {
         None
     }
 

@@ -890,17 +890,17 @@ impl ObjectSource for GroupSource {
         &self,
         store: &Store,
         group: &[ObjectId],
-    ) -> Option<Result<Vec<StagedObject>, FetchError>> {
+        staged: &mut dyn FnMut(StagedObject),
+    ) -> Option<Result<(), FetchError>> {
         self.groups.lock().unwrap().push(group.to_vec());
         std::thread::sleep(self.delay);
-        let mut staged = Vec::new();
         for id in group {
             let (_, data) = self.order.iter().find(|(o, _)| o == id).unwrap();
             let mut s = store.stage_object().unwrap();
             s.write(data).unwrap();
-            staged.push(s.finish(store).unwrap());
+            staged(s.finish(store).unwrap());
         }
-        Some(Ok(staged))
+        Some(Ok(()))
     }
 }
 
@@ -984,5 +984,154 @@ fn privileged_fuse_neighbours_and_background_share_one_fetch() {
         wait_backing_closed(&fuse);
         let stats = unmount_fuse(fuse);
         assert_eq!(stats.fetches_failed, 0, "{stats:?}");
+    });
+}
+
+/// A source that stages a group as a streaming registry source does: the
+/// first object at once, the rest only once the test opens `gate`; it
+/// fails, once, on the object `fail_once` (after the ones before it were
+/// handed over).
+struct StreamingSource {
+    order: Vec<(ObjectId, Vec<u8>)>,
+    gate: (Mutex<bool>, std::sync::Condvar),
+    fail_once: Mutex<Option<ObjectId>>,
+    groups: Mutex<Vec<Vec<ObjectId>>>,
+}
+
+impl StreamingSource {
+    fn open_gate(&self) {
+        *self.gate.0.lock().unwrap() = true;
+        self.gate.1.notify_all();
+    }
+}
+
+impl ObjectSource for StreamingSource {
+    fn size(&self, id: &ObjectId) -> Option<u64> {
+        self.order
+            .iter()
+            .find(|(o, _)| o == id)
+            .map(|(_, d)| d.len() as u64)
+    }
+
+    fn fetch(&self, _id: &ObjectId, _out: &mut dyn Write) -> Result<(), FetchError> {
+        Err(FetchError::Other("this source stages groups only".into()))
+    }
+
+    fn group(&self, store: &Store, id: &ObjectId) -> Vec<ObjectId> {
+        let at = self.order.iter().position(|(o, _)| o == id).unwrap();
+        let mut g = vec![*id];
+        g.extend(
+            self.order[at + 1..]
+                .iter()
+                .map(|(o, _)| *o)
+                .take_while(|o| !store.has_object(o)),
+        );
+        g
+    }
+
+    fn stage_group(
+        &self,
+        store: &Store,
+        group: &[ObjectId],
+        staged: &mut dyn FnMut(StagedObject),
+    ) -> Option<Result<(), FetchError>> {
+        self.groups.lock().unwrap().push(group.to_vec());
+        for (k, id) in group.iter().enumerate() {
+            if k == 1 {
+                // The rest of the range "arrives" when the test says so
+                // (bounded, so that a failing test ends).
+                let open = self.gate.0.lock().unwrap();
+                let _ = self
+                    .gate
+                    .1
+                    .wait_timeout_while(open, Duration::from_secs(30), |o| !*o)
+                    .unwrap();
+            }
+            if self
+                .fail_once
+                .lock()
+                .unwrap()
+                .take_if(|f| f == id)
+                .is_some()
+            {
+                return Some(Err(FetchError::Other(format!("object {id}: a bad frame"))));
+            }
+            let (_, data) = self.order.iter().find(|(o, _)| o == id).unwrap();
+            let mut s = store.stage_object().unwrap();
+            s.write(data).unwrap();
+            staged(s.finish(store).unwrap());
+        }
+        Some(Ok(()))
+    }
+}
+
+/// An open is answered as soon as the source has staged its object, while
+/// the rest of its group is still on its way; a neighbour that fails after
+/// it costs the objects before it nothing (they are published), and is
+/// fetched again by its own open.
+#[test]
+fn privileged_fuse_open_is_answered_before_the_rest_of_its_group() {
+    in_private_mount_ns(|| {
+        let fx = Fixture::new();
+        let files: Vec<Vec<u8>> = (0..4)
+            .map(|i| content(80 + i, 20_000 + i as usize))
+            .collect();
+        let ids: Vec<ObjectId> = files.iter().map(|d| id_of(d)).collect();
+        let source = Arc::new(StreamingSource {
+            order: ids.iter().copied().zip(files.iter().cloned()).collect(),
+            gate: (Mutex::new(false), std::sync::Condvar::new()),
+            fail_once: Mutex::new(Some(ids[2])),
+            groups: Mutex::new(Vec::new()),
+        });
+        let names = ["g0", "g1", "g2", "g3"];
+        let image = fx.image(
+            &names
+                .iter()
+                .zip(&files)
+                .map(|(n, d)| (*n, d.as_slice()))
+                .collect::<Vec<_>>(),
+        );
+        let fuse = fx.serve(source.clone(), Duration::from_secs(60));
+        fx.mount_overlay(&image);
+
+        // g0's open: its group is all four; the source stages g0 and then
+        // waits for the gate. The open does not.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = fx.target.join("g0");
+        std::thread::spawn(move || tx.send(fs::read(p).unwrap()).unwrap());
+        let got = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("g0's open waited for the rest of its group");
+        assert_eq!(got, files[0]);
+        assert_eq!(*source.groups.lock().unwrap(), vec![ids.clone()]);
+        assert!(!fx.store.has_object(&ids[1]), "the rest is not staged yet");
+
+        // The rest arrives; g2 fails its check: g0 and g1 are kept and
+        // published, g2 and g3 are not.
+        source.open_gate();
+        assert!(fuse.settle(Duration::from_secs(20)));
+        assert!(fx.store.has_object(&ids[0]));
+        assert!(fx.store.has_object(&ids[1]), "g1 came before the bad frame");
+        assert!(!fx.store.has_object(&ids[2]));
+        assert!(!fx.store.has_object(&ids[3]));
+        assert_eq!(staged_files(&fx.store), 0, "nothing staged is left behind");
+
+        // g1 is read from the store; g2's open fetches g2 and g3 again.
+        assert_eq!(fs::read(fx.target.join("g1")).unwrap(), files[1]);
+        assert_eq!(fs::read(fx.target.join("g2")).unwrap(), files[2]);
+        assert_eq!(fs::read(fx.target.join("g3")).unwrap(), files[3]);
+        assert_eq!(
+            *source.groups.lock().unwrap(),
+            vec![ids.clone(), ids[2..].to_vec()]
+        );
+        assert!(fuse.settle(Duration::from_secs(20)));
+        for id in &ids {
+            assert!(fx.store.has_object(id));
+        }
+
+        umount_retrying(&fx.target);
+        wait_backing_closed(&fuse);
+        let stats = unmount_fuse(fuse);
+        assert_eq!(stats.fetches_started, 2, "{stats:?}");
     });
 }

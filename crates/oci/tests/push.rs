@@ -1,7 +1,7 @@
 //! Writing to a real registry (Debian's docker-registry 2.8 on 127.0.0.1):
 //! blob uploads that skip what is there, manifest and index PUTs, a
 //! manifest with a `subject`, the referrers API's absence, and range reads
-//! of a blob segment (also with basic auth).
+//! of a blob segment, also watched as it arrives (also with basic auth).
 
 mod common;
 
@@ -41,6 +41,18 @@ fn round_trip(reg: &LocalRegistry) {
         .fetch_blob_range("push/x", &d, 199_990, 10, "tail")
         .unwrap();
     assert_eq!(tail, &data[199_990..]);
+    // The same read, watched as it arrives: growing prefixes of the
+    // range, the last one the whole range.
+    let mut seen: Vec<usize> = Vec::new();
+    let long = c
+        .fetch_blob_range_progress("push/x", &d, 1000, 190_000, "watched", &mut |p| {
+            assert_eq!(p, &data[1000..1000 + p.len()]);
+            seen.push(p.len());
+        })
+        .unwrap();
+    assert_eq!(long, &data[1000..191_000]);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    assert_eq!(seen.last(), Some(&190_000));
 
     // A manifest with a subject and an artifactType: 2.8 stores it as is.
     let config = b"{}".to_vec();

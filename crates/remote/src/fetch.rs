@@ -186,6 +186,27 @@ impl RemoteObjects {
         )?)
     }
 
+    /// [`range`](Self::range), calling `progress` with the bytes that have
+    /// arrived so far (a growing prefix; after a retry, from the start
+    /// again) each time more arrive.
+    fn range_progress(
+        &self,
+        pack: u32,
+        offset: u64,
+        len: u64,
+        progress: &mut dyn FnMut(&[u8]),
+    ) -> Result<Vec<u8>, RemoteError> {
+        let blob = &self.packs[pack as usize];
+        Ok(self.reg.fetch_blob_range_progress(
+            &self.repo,
+            &blob.digest,
+            offset,
+            len,
+            &format!("pack {} bytes {offset}+{len}", blob.digest),
+            progress,
+        )?)
+    }
+
     /// Fetches one chunk and checks it against its sha256.
     fn chunk(&self, id: &ObjectId, k: usize, f: &Frame) -> Result<Vec<u8>, RemoteError> {
         let z = self.range(f.pack, f.offset, f.compressed)?;
@@ -425,7 +446,8 @@ impl RemoteObjects {
             [] => Ok(()),
             [one] => self.publish(store, one).map(|_| ()),
             _ => {
-                let staged = self.stage_run(store, group)?;
+                let mut staged = Vec::with_capacity(group.len());
+                self.stage_run(store, group, &mut |s| staged.push(s))?;
                 store.publish_staged(staged)?;
                 Ok(())
             }
@@ -435,15 +457,20 @@ impl RemoteObjects {
     /// Fetches a run of one or more single-frame objects of one pack (as
     /// [`publish_group`](Self::publish_group) takes them) with one range
     /// request and stages each, checked against its fs-verity digest, in
-    /// `group`'s order; publishes nothing. The caller publishes them
-    /// ([`Store::publish_staged`]), and may read each staged file first
-    /// ([`StagedObject::open_staged`]): a lazy mount answers the open
-    /// that asked for them before their names are made durable.
+    /// `group`'s order, handing each to `staged` as soon as it is (while
+    /// the rest of the range is still arriving); publishes nothing. The
+    /// caller publishes them ([`Store::publish_staged`]), and may read
+    /// each staged file first ([`StagedObject::open_staged`]): a lazy
+    /// mount answers the open that asked for the first one before the
+    /// rest of the run is in, and before any name is made durable. On an
+    /// error, the objects handed over before it are good (each was
+    /// checked); the caller may keep them.
     pub fn stage_run(
         &self,
         store: &Store,
         group: &[ObjectId],
-    ) -> Result<Vec<StagedObject>, RemoteError> {
+        staged: &mut dyn FnMut(StagedObject),
+    ) -> Result<(), RemoteError> {
         let mut frames = Vec::with_capacity(group.len());
         for id in group {
             let e = self.index.get(id).ok_or_else(|| self.not_listed(id))?;
@@ -467,9 +494,9 @@ impl RemoteObjects {
             frames.push((*id, f));
         }
         if frames.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
-        self.stage_group(store, &frames)
+        self.stage_group(store, &frames, staged)
     }
 
     /// Every object of the index in pack order (a chunked object at its
@@ -577,22 +604,50 @@ impl RemoteObjects {
     }
 
     /// Fetches the single-frame objects `group` (same pack, in offset
-    /// order) with one range request and stages each, checked.
+    /// order) with one range request and stages each, checked, handing it
+    /// to `staged`. Each is staged as soon as its frame has arrived, while
+    /// the rest of the range is still on its way: the first object of a
+    /// run of a megabyte is ready once its own bytes are in, and decoding
+    /// overlaps the transfer. Stops at the first object that fails its
+    /// check (the ones before it were handed over).
     fn stage_group(
         &self,
         store: &Store,
         group: &[(ObjectId, Frame)],
-    ) -> Result<Vec<StagedObject>, RemoteError> {
+        staged: &mut dyn FnMut(StagedObject),
+    ) -> Result<(), RemoteError> {
         let first = group[0].1;
         let last = group[group.len() - 1].1;
         let span = last.offset + last.compressed - first.offset;
-        let bytes = self.range(first.pack, first.offset, span)?;
-        let mut out = Vec::with_capacity(group.len());
-        for (id, f) in group {
-            let at = (f.offset - first.offset) as usize;
-            out.push(self.stage_frame(store, id, f, &bytes[at..at + f.compressed as usize])?);
+        // The objects staged so far (a retried request starts from the
+        // range's first byte again: those are not staged twice).
+        let mut done = 0usize;
+        let mut failed: Option<RemoteError> = None;
+        let mut stage_ready = |bytes: &[u8], done: &mut usize, failed: &mut Option<RemoteError>| {
+            while failed.is_none() && *done < group.len() {
+                let (id, f) = &group[*done];
+                let at = (f.offset - first.offset) as usize;
+                let end = at + f.compressed as usize;
+                let Some(z) = bytes.get(at..end) else { break };
+                match self.stage_frame(store, id, f, z) {
+                    Ok(s) => {
+                        *done += 1;
+                        staged(s);
+                    }
+                    Err(e) => *failed = Some(e),
+                }
+            }
+        };
+        let bytes = self.range_progress(first.pack, first.offset, span, &mut |prefix| {
+            stage_ready(prefix, &mut done, &mut failed)
+        })?;
+        // Whatever the progress calls left (none, unless a retry's body
+        // came in one piece after they had stopped).
+        stage_ready(&bytes, &mut done, &mut failed);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        Ok(out)
     }
 }
 
@@ -695,7 +750,9 @@ fn run_work(
         let staged = match w {
             Work::Group(group) => {
                 requests.fetch_add(1, Ordering::Relaxed);
-                remote.stage_group(store, group)?
+                let mut staged = Vec::with_capacity(group.len());
+                remote.stage_group(store, group, &mut |s| staged.push(s))?;
+                staged
             }
             Work::Chunked(e) => {
                 requests.fetch_add(chunk_runs(&e.frames).len() as u64, Ordering::Relaxed);

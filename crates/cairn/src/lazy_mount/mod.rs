@@ -217,10 +217,11 @@ impl ObjectSource for RemoteSource {
         &self,
         store: &Store,
         group: &[ObjectId],
-    ) -> Option<Result<Vec<StagedObject>, FetchError>> {
+        staged: &mut dyn FnMut(StagedObject),
+    ) -> Option<Result<(), FetchError>> {
         match &self.remote {
             Remote::Artifact(r) => Some(
-                r.stage_run(store, group)
+                r.stage_run(store, group, staged)
                     .map_err(|e| FetchError::Other(e.to_string())),
             ),
             Remote::Estargz(_) => None,

@@ -340,6 +340,79 @@ pub(super) fn read_capped(
     }
 }
 
+/// Reads a body of exactly `expected` bytes as [`read_capped`] does, and
+/// calls `progress` with all the bytes read so far each time more have
+/// arrived (so a caller can use the start of a large range before its
+/// end is in). The buffer is the one returned: the caller sees each byte
+/// once in place, never a copy.
+pub(super) fn read_exact_progress(
+    resp: ureq::Response,
+    expected: u64,
+    what: &str,
+    progress: &mut dyn FnMut(&[u8]),
+) -> Result<Vec<u8>, Failure> {
+    let content_length = resp
+        .header("Content-Length")
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(len) = content_length.filter(|&len| len != expected) {
+        return Err(PullError::SizeMismatch {
+            what: what.to_string(),
+            expected,
+            actual: len,
+        }
+        .into());
+    }
+    // `expected` is bounded by the caller (a range of at most MAX_RANGE).
+    let mut buf = vec![0u8; expected as usize];
+    let mut filled = 0usize;
+    let mut reader = resp.into_reader();
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => {
+                return Err(PullError::SizeMismatch {
+                    what: what.to_string(),
+                    expected,
+                    actual: filled as u64,
+                }
+                .into())
+            }
+            Ok(n) => {
+                filled += n;
+                progress(&buf[..filled]);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(Failure::Transient {
+                    timed_out: matches!(
+                        e.kind(),
+                        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                    ),
+                    detail: format!("reading the answer: {}", describe_io(&e)),
+                    retry_after: None,
+                })
+            }
+        }
+    }
+    // A body longer than promised (no Content-Length said so).
+    let mut probe = [0u8; 1];
+    match reader.read(&mut probe) {
+        Ok(0) => Ok(buf),
+        Ok(_) => Err(PullError::TooLong {
+            what: what.to_string(),
+            expected,
+        }
+        .into()),
+        Err(e) => Err(Failure::Transient {
+            timed_out: matches!(
+                e.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            detail: format!("reading the answer: {}", describe_io(&e)),
+            retry_after: None,
+        }),
+    }
+}
+
 /// The registry's error code and message from an error answer's body
 /// (`{"errors":[{"code":…,"message":…}]}`), else the start of the body.
 pub(super) fn error_message(resp: ureq::Response) -> (String, String) {

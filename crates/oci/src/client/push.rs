@@ -10,7 +10,7 @@
 
 use std::io::Read;
 
-use super::http::{error_message, paren, read_capped, Req};
+use super::http::{error_message, paren, read_capped, read_exact_progress, Req};
 use super::{BodySize, Failure, Registry};
 use crate::digest::Digest;
 use crate::PullError;
@@ -192,6 +192,25 @@ impl Registry {
         len: u64,
         what: &str,
     ) -> Result<Vec<u8>, PullError> {
+        self.fetch_blob_range_progress(repo, digest, offset, len, what, &mut |_| {})
+    }
+
+    /// [`fetch_blob_range`](Self::fetch_blob_range), calling `progress`
+    /// with the bytes of the range that have arrived so far (a prefix,
+    /// growing) each time more arrive, so that the caller can use the
+    /// start of the range while the rest is on its way. A retry starts
+    /// again from the range's first byte: `progress` then sees shorter
+    /// prefixes again (of the same bytes, if the registry serves the same
+    /// blob; nothing here checks that).
+    pub fn fetch_blob_range_progress(
+        &self,
+        repo: &str,
+        digest: &Digest,
+        offset: u64,
+        len: u64,
+        what: &str,
+        progress: &mut dyn FnMut(&[u8]),
+    ) -> Result<Vec<u8>, PullError> {
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -239,7 +258,7 @@ impl Registry {
                     }
                     .into());
                 }
-                return read_capped(resp, BodySize::Exactly(len), what);
+                return read_exact_progress(resp, len, what, &mut *progress);
             }
             // No range support: skip to `offset`, then read `len` bytes.
             tracing::debug!("{what}: the registry ignored Range; reading from the start");
@@ -248,7 +267,10 @@ impl Registry {
             let mut buf = Vec::new();
             let read = skipped.and_then(|_| (&mut body).take(len).read_to_end(&mut buf));
             match read {
-                Ok(_) if buf.len() as u64 == len => Ok(buf),
+                Ok(_) if buf.len() as u64 == len => {
+                    progress(&buf);
+                    Ok(buf)
+                }
                 Ok(_) => Err(PullError::SizeMismatch {
                     what: what.to_string(),
                     expected: len,
