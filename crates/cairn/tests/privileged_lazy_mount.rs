@@ -289,6 +289,12 @@ fn sha256_hex(d: &[u8]) -> String {
 /// holds data files, some of which the test never reads; returns its
 /// reference.
 fn push_runnable(reg: &LocalRegistry, repo: &str) -> String {
+    push_runnable_with(reg, repo, &[])
+}
+
+/// [`push_runnable`], with `extra` files (path, contents) in its base
+/// layer (their directories must be `etc` or made by the base layer).
+fn push_runnable_with(reg: &LocalRegistry, repo: &str, extra: &[(&str, Vec<u8>)]) -> String {
     use support::images::{random_bytes, text, Tar};
     let gzip = |tar: Vec<u8>| {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -303,6 +309,12 @@ fn push_runnable(reg: &LocalRegistry, repo: &str) -> String {
         0o755,
     );
     t.dir("tmp");
+    if !extra.is_empty() {
+        t.dir("etc");
+    }
+    for (path, data) in extra {
+        t.file(path, data);
+    }
     let base = gzip(t.finish());
     let mut t = Tar::default();
     t.dir("data")
@@ -1438,15 +1450,28 @@ fn local_ids(root: &Path, ids: &[String]) -> usize {
 /// the background when the pull did not. `cairn pull --lazy --no-prefetch`
 /// of an image whose artifact has a list fetches no object (the metadata
 /// only); a `cairn mount --lazy --lazy-fetch on-demand` of it makes every
-/// listed object local with nothing opening them, and nothing beyond the
-/// list; while the list comes through a slow link, a read of an unlisted
-/// file is answered before the list is done (its fetch does not queue
-/// behind it). A plain `pull --lazy` fetches the list at pull time.
+/// listed object local with nothing opening them, and the files every
+/// container start reads (the user database, `/etc/passwd` and
+/// `/etc/group`, not on the list), and nothing else; while the list comes
+/// through a slow link, a read of an unlisted file is answered before the
+/// list is done (its fetch does not queue behind it). A plain `pull
+/// --lazy` fetches the list at pull time.
 #[test]
 fn privileged_lazy_mount_fetches_the_prefetch_list_in_the_background_after_the_pull() {
     require_root();
     let reg = LocalRegistry::start();
-    let reference = push_runnable(&reg, "lazy/list");
+    let passwd =
+        b"root:x:0:0:root:/root:/bin/sh\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n";
+    let group =
+        b"root:x:0:\ndaemon:x:1:\nbin:x:2:\nsys:x:3:\nadm:x:4:\ntty:x:5:\ndisk:x:6:\nlp:x:7:\n";
+    let reference = push_runnable_with(
+        &reg,
+        "lazy/list",
+        &[
+            ("etc/passwd", passwd.to_vec()),
+            ("etc/group", group.to_vec()),
+        ],
+    );
     let dir = tempfile::Builder::new()
         .prefix("cairn-lazy-list")
         .tempdir()
@@ -1462,6 +1487,7 @@ fn privileged_lazy_mount_fetches_the_prefetch_list_in_the_background_after_the_p
         "/data/never-read.bin",
     ];
     let listed = object_ids(&a, &reference, &paths);
+    let start_files = object_ids(&a, &reference, &["/etc/passwd", "/etc/group"]);
     let list = dir.path().join("prefetch.txt");
     fs::write(&list, paths.join("\n") + "\n").unwrap();
     cairn_ok(
@@ -1515,12 +1541,18 @@ fn privileged_lazy_mount_fetches_the_prefetch_list_in_the_background_after_the_p
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    // Anything beyond the list would come with the list's requests.
+    assert_eq!(
+        local_ids(&b, &start_files),
+        2,
+        "the user database was not fetched with the list; logs: {}",
+        lazy_logs(&b)
+    );
+    // Anything else would come with the list's requests.
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(
         objects_in(&b),
-        listed.len(),
-        "objects beyond the list were fetched ({total} in the image)"
+        listed.len() + 2,
+        "objects beyond the list and the user database were fetched ({total} in the image)"
     );
     drop(mounted);
 

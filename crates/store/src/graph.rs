@@ -70,13 +70,26 @@ impl Store {
     /// cannot be read or parsed is [`StoreError::CorruptImage`] (a missing
     /// one is an I/O error with `NotFound`).
     pub fn image_contents(&self, digest: &str) -> Result<ImageContents, StoreError> {
+        self.image_contents_at(digest, &[]).map(|(c, _)| c)
+    }
+
+    /// [`image_contents`](Self::image_contents), and the object behind
+    /// each of `paths` (absolute paths in the image, looked up without
+    /// following symlinks): `None` where there is no regular file backed
+    /// by an object (absent, a directory, a symlink, a file small enough
+    /// to be inline). One read and parse of the image for both.
+    pub fn image_contents_at(
+        &self,
+        digest: &str,
+        paths: &[&str],
+    ) -> Result<(ImageContents, Vec<Option<ObjectId>>), StoreError> {
         if !is_image_digest(digest) {
             return Err(StoreError::InvalidImageDigest(digest.to_owned()));
         }
         let path = self.image_path(digest);
         let data =
             fs::read(&path).map_err(|e| StoreError::io("reading image", &path, &self.root, e))?;
-        contents_of(&data).map_err(|reason| StoreError::CorruptImage {
+        contents_at(&data, paths).map_err(|reason| StoreError::CorruptImage {
             digest: digest.to_owned(),
             root: self.root.clone(),
             reason,
@@ -95,7 +108,26 @@ impl ImageContents {
 
 /// Collects what the image in `data` holds.
 pub(crate) fn contents_of(data: &[u8]) -> Result<ImageContents, String> {
+    contents_at(data, &[]).map(|(c, _)| c)
+}
+
+/// [`contents_of`], and the object behind each of `paths`
+/// ([`Store::image_contents_at`]).
+fn contents_at(
+    data: &[u8],
+    paths: &[&str],
+) -> Result<(ImageContents, Vec<Option<ObjectId>>), String> {
     let tree = cairn_erofs::reader::read_image(data).map_err(|e| e.to_string())?;
+    let at = paths
+        .iter()
+        .map(|p| {
+            let inode = tree.inode(tree.lookup(p.as_bytes())?);
+            match &inode.data {
+                InodeData::Regular(reg) => reg.payload.as_deref().and_then(object_id_of_payload),
+                _ => None,
+            }
+        })
+        .collect();
     let mut c = ImageContents {
         image_bytes: data.len() as u64,
         ..ImageContents::default()
@@ -131,7 +163,7 @@ pub(crate) fn contents_of(data: &[u8]) -> Result<ImageContents, String> {
             }),
         }
     });
-    Ok(c)
+    Ok((c, at))
 }
 
 /// The object a payload path (`ab/cdef…`, as `trusted.overlay.redirect`

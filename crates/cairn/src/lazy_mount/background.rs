@@ -82,6 +82,7 @@ pub(super) fn background(
     bg: &cairn_fuse::Background,
     digest: &str,
     client: &cairn_oci::ClientOptions,
+    first: &[ObjectId],
     all: bool,
 ) {
     let began = std::time::Instant::now();
@@ -147,6 +148,14 @@ pub(super) fn background(
             list.retain(|l| l != id);
         }
     }
+    // The files every start reads (`START_FILES`), ahead of the list.
+    let mut ahead: Vec<ObjectId> = first
+        .iter()
+        .filter(|id| !list.contains(id))
+        .copied()
+        .collect();
+    ahead.dedup();
+    list.splice(0..0, ahead);
     let mut seen: std::collections::HashSet<ObjectId> = list.iter().copied().collect();
     let _ = source.listed.set(seen.clone());
     // The list phase fetches each run of listed neighbours once, by its
@@ -179,8 +188,8 @@ pub(super) fn background(
     if !list.is_empty() {
         let still = list.iter().filter(|id| !local(id)).count();
         eprintln!(
-            "cairn lazy layer for image {digest}: prefetch list: {} of {} objects local after \
-             {:.2} s ({listed_missing} were missing{})",
+            "cairn lazy layer for image {digest}: the start files and the prefetch list: {} of \
+             {} objects local after {:.2} s ({listed_missing} were missing{})",
             list.len() - still,
             list.len(),
             began.elapsed().as_secs_f64(),

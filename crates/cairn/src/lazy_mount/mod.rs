@@ -140,6 +140,15 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// chunked object's requests one after another).
 const BACKGROUND_JOBS: usize = 2;
 
+/// Files that every container start reads, whatever its command: the
+/// user database. containerd reads `/etc/group` for the process's
+/// supplementary groups as it builds a container's spec, and runc reads
+/// `/etc/passwd` and `/etc/group` as it sets up the process's user. The
+/// background fetch takes them first, ahead of the prefetch list (which
+/// a start recorded under another runtime lacks): a few hundred bytes
+/// each, where an open of them waits for a request of its own.
+const START_FILES: [&str; 2] = ["/etc/passwd", "/etc/group"];
+
 /// Where an incomplete image's objects come from: its cairn artifact, or
 /// (an eStargz image pulled through its TOCs) its layer blobs.
 enum Remote {
@@ -308,12 +317,10 @@ impl LazyLayer {
         // The layer serves the image's objects and nothing else; their
         // sorted list gives each its node id, so that a successor of a
         // killed server answers for the same nodes (docs/lazy-fuse.md).
-        let objects: Vec<ObjectId> = store
-            .image_contents(digest)
-            .with_context(|| format!("reading image {digest}"))?
-            .objects
-            .into_keys()
-            .collect();
+        let (contents, first) = store
+            .image_contents_at(digest, &START_FILES)
+            .with_context(|| format!("reading image {digest}"))?;
+        let objects: Vec<ObjectId> = contents.objects.into_keys().collect();
         let journal = cairn_fuse::Resumable::create(objects)
             .context("making the lazy layer's journal (memfd)")?;
         let device = cairn_fuse::open_device().context("the lazy data layer")?;
@@ -394,6 +401,7 @@ impl LazyLayer {
                         client: client.clone(),
                     },
                     journal,
+                    first: first.into_iter().flatten().collect(),
                     device,
                     attached: None,
                     exe: fs::read_link("/proc/self/exe")

@@ -17,7 +17,7 @@ use cairn_fuse::{ObjectSource, ServeOptions};
 use cairn_store::{ObjectId, Store};
 
 use super::background::{background, write_prefetch};
-use super::{LazyArgs, LazyFetch, Remote, RemoteSource, BACKGROUND_JOBS};
+use super::{LazyArgs, LazyFetch, Remote, RemoteSource, BACKGROUND_JOBS, START_FILES};
 
 /// The server child's standard streams: /dev/null, and its log.
 pub(super) struct Detached {
@@ -46,6 +46,9 @@ pub(super) struct Served {
     /// The image's objects (node ids) and the state that survives a
     /// worker (a memfd).
     pub(super) journal: cairn_fuse::Resumable,
+    /// The objects the background fetch takes first, ahead of the prefetch
+    /// list: those of [`START_FILES`] in the image.
+    pub(super) first: Vec<ObjectId>,
     /// The connection: the supervisor's descriptor keeps it alive while
     /// no worker runs.
     pub(super) device: OwnedFd,
@@ -394,9 +397,10 @@ fn worker(served: &mut Served, start: Start) -> i32 {
             let client = settings.client.clone();
             let all = settings.lazy.lazy_fetch == LazyFetch::Background;
             let (store, source) = (store.clone(), source.clone());
+            let first = served.first.clone();
             let spawned = std::thread::Builder::new()
                 .name("cairn-background".into())
-                .spawn(move || background(&store, &source, &bg, &owned, &client, all));
+                .spawn(move || background(&store, &source, &bg, &owned, &client, &first, all));
             if let Err(e) = spawned {
                 eprintln!("cairn lazy layer for image {digest}: no background fetch: {e}");
             }
@@ -590,12 +594,10 @@ pub(super) fn lazy_worker() -> Result<i32> {
         .then(|| unsafe { fs::File::from_raw_fd(FD_ATTACHED) });
     let store = Store::open(&spec.root)
         .with_context(|| format!("opening the store at {}", spec.root.display()))?;
-    let objects: Vec<ObjectId> = store
-        .image_contents(&spec.digest)
-        .with_context(|| format!("reading image {}", spec.digest))?
-        .objects
-        .into_keys()
-        .collect();
+    let (contents, first) = store
+        .image_contents_at(&spec.digest, &START_FILES)
+        .with_context(|| format!("reading image {}", spec.digest))?;
+    let objects: Vec<ObjectId> = contents.objects.into_keys().collect();
     let journal =
         cairn_fuse::Resumable::open(journal_fd, objects).context("the lazy layer's journal")?;
     let fetch_timeout = Duration::from_millis(spec.fetch_timeout_ms.max(1));
@@ -650,6 +652,7 @@ pub(super) fn lazy_worker() -> Result<i32> {
             client,
         },
         journal,
+        first: first.into_iter().flatten().collect(),
         device,
         attached,
         exe: None,
