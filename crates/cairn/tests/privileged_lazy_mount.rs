@@ -701,8 +701,8 @@ fn privileged_lazy_run_records_the_files_it_opened_for_push_prefetch() {
 /// request, and no other after it: no read-behind) into the object's
 /// partial; a read in it is then answered with no request, a read of
 /// chunk 0 makes one, both right; with both chunks in, the object is
-/// stored (checked whole) and fsck is clean. Counted through a proxy that
-/// records ranged blob requests.
+/// stored (checked whole) and fsck is clean; the list itself is fetched
+/// once. Counted through a proxy that records blob requests.
 #[test]
 fn privileged_lazy_list_chunks_are_fetched_alone_and_read_without_a_fetch() {
     use std::os::unix::fs::FileExt;
@@ -743,6 +743,7 @@ fn privileged_lazy_list_chunks_are_fetched_alone_and_read_without_a_fetch() {
 
     let ranges = || proxy.blob_ranges().len();
     let before = ranges();
+    let gets_before = proxy.blob_gets().len();
     let target = dir.path().join("mnt");
     let _mounted = mount_on_demand(&b, &via, &target);
     // The list phase: chunk 1's one range request.
@@ -763,6 +764,12 @@ fn privileged_lazy_list_chunks_are_fetched_alone_and_read_without_a_fetch() {
         proxy.blob_ranges(),
         lazy_logs(&b)
     );
+    // The mount and its server asked for each whole blob (the index, the
+    // list) once: the server's two readers of the list at start (its
+    // chunk entries at once, then the list phase) share one fetch.
+    let gets = proxy.blob_gets()[gets_before..].to_vec();
+    let distinct: std::collections::BTreeSet<&String> = gets.iter().collect();
+    assert_eq!(distinct.len(), gets.len(), "a blob fetched twice: {gets:?}");
     let f = fs::File::open(target.join("data/never-read.bin")).unwrap();
     let mut buf = vec![0u8; 4096];
     f.read_exact_at(&mut buf, 1_200_000).unwrap();

@@ -81,6 +81,12 @@ pub struct RemoteObjects {
     image: String,
     /// The single-frame objects in pack order, made on first use.
     by_position: std::sync::OnceLock<Vec<(ObjectId, Frame)>>,
+    /// The prefetch list once fetched and checked: a lazy server asks for
+    /// it twice at start (its chunk entries at once, then the list phase).
+    /// Locked while fetching, so the second asker waits for that fetch
+    /// instead of making its own; a failure is not kept (the next asker
+    /// tries again).
+    prefetch_entries: std::sync::Mutex<Option<Vec<crate::prefetch::Entry>>>,
 }
 
 impl std::fmt::Debug for RemoteObjects {
@@ -139,6 +145,7 @@ impl RemoteObjects {
             index,
             packs: a.packs,
             prefetch: a.prefetch,
+            prefetch_entries: std::sync::Mutex::new(None),
             image: image_digest.to_string(),
             by_position: std::sync::OnceLock::new(),
         })
@@ -531,11 +538,18 @@ impl RemoteObjects {
     /// The artifact's prefetch list as entries (`crate::prefetch`):
     /// fetched, checked against its digest, parsed with its limits, and
     /// resolved against the index (unknown ids dropped, chunk indices
-    /// checked).
+    /// checked); once, then kept.
     pub fn prefetch_entries(&self) -> Result<Vec<crate::prefetch::Entry>, RemoteError> {
         let Some(list) = &self.prefetch else {
             return Ok(Vec::new());
         };
+        let mut cached = self
+            .prefetch_entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(entries) = &*cached {
+            return Ok(entries.clone());
+        }
         let what = format!("prefetch list {} of image {}", list.digest, self.image);
         if list.size > crate::lazy::MAX_PREFETCH {
             return Err(RemoteError::invalid(
@@ -557,7 +571,9 @@ impl RemoteObjects {
             return Err(RemoteError::invalid(&what, "does not hash to its digest"));
         }
         let entries = crate::prefetch::parse(&list.media_type, &bytes, &what)?;
-        crate::prefetch::resolve(entries, &self.index, &what)
+        let entries = crate::prefetch::resolve(entries, &self.index, &what)?;
+        *cached = Some(entries.clone());
+        Ok(entries)
     }
 
     fn not_listed(&self, id: &ObjectId) -> RemoteError {

@@ -12,10 +12,12 @@ use std::time::Duration;
 /// An HTTP proxy on 127.0.0.1, one request per connection (it asks the
 /// registry to close, and so tells the client): it records each blob
 /// request's `Range`, waits `delay` before answering one, and while
-/// `corrupt` is set flips a byte in the middle of every ranged body.
+/// `corrupt` is set flips a byte in the middle of every ranged body. It
+/// also records the path of each whole (unranged) blob request.
 pub struct RangeProxy {
     pub addr: String,
     ranges: Arc<Mutex<Vec<(String, String)>>>,
+    wholes: Arc<Mutex<Vec<String>>>,
     pub corrupt: Arc<AtomicBool>,
 }
 
@@ -28,22 +30,34 @@ impl RangeProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let ranges = Arc::new(Mutex::new(Vec::new()));
+        let wholes = Arc::new(Mutex::new(Vec::new()));
         let corrupt = Arc::new(AtomicBool::new(false));
-        let (r, c, up) = (ranges.clone(), corrupt.clone(), upstream.to_string());
+        let (r, w, c, up) = (
+            ranges.clone(),
+            wholes.clone(),
+            corrupt.clone(),
+            upstream.to_string(),
+        );
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(client) = conn else { continue };
-                let (r, c, up) = (r.clone(), c.clone(), up.clone());
+                let (r, w, c, up) = (r.clone(), w.clone(), c.clone(), up.clone());
                 std::thread::spawn(move || {
-                    let _ = one_request(client, &up, &r, &c, delay);
+                    let _ = one_request(client, &up, &r, &w, &c, delay);
                 });
             }
         });
         RangeProxy {
             addr,
             ranges,
+            wholes,
             corrupt,
         }
+    }
+
+    /// The path of each whole (unranged) blob request so far.
+    pub fn blob_gets(&self) -> Vec<String> {
+        self.wholes.lock().unwrap().clone()
     }
 
     /// The (path, Range) of each ranged blob request so far.
@@ -56,6 +70,7 @@ fn one_request(
     mut client: TcpStream,
     upstream: &str,
     ranges: &Mutex<Vec<(String, String)>>,
+    wholes: &Mutex<Vec<String>>,
     corrupt: &AtomicBool,
     delay: Duration,
 ) -> std::io::Result<()> {
@@ -106,6 +121,9 @@ fn one_request(
         body.extend_from_slice(&tmp[..n]);
     }
     let ranged_blob = path.contains("/blobs/") && range.is_some();
+    if path.contains("/blobs/") && range.is_none() && request_line.starts_with("GET ") {
+        wholes.lock().unwrap().push(path.clone());
+    }
     if ranged_blob {
         ranges
             .lock()
