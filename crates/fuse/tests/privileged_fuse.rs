@@ -847,6 +847,35 @@ fn staged_files(store: &Store) -> usize {
     count(&store.tmp_dir())
 }
 
+/// The size of `id` in `order` (the test sources' objects, in pack order).
+fn size_in(order: &[(ObjectId, Vec<u8>)], id: &ObjectId) -> Option<u64> {
+    order
+        .iter()
+        .find(|(o, _)| o == id)
+        .map(|(_, d)| d.len() as u64)
+}
+
+/// `id` and the objects after it in `order` that are not in the store.
+fn run_in(order: &[(ObjectId, Vec<u8>)], store: &Store, id: &ObjectId) -> Vec<ObjectId> {
+    let at = order.iter().position(|(o, _)| o == id).unwrap();
+    let mut g = vec![*id];
+    g.extend(
+        order[at + 1..]
+            .iter()
+            .map(|(o, _)| *o)
+            .take_while(|o| !store.has_object(o)),
+    );
+    g
+}
+
+/// `id` of `order`, staged in `store`.
+fn stage_in(order: &[(ObjectId, Vec<u8>)], store: &Store, id: &ObjectId) -> StagedObject {
+    let (_, data) = order.iter().find(|(o, _)| o == id).unwrap();
+    let mut s = store.stage_object().unwrap();
+    s.write(data).unwrap();
+    s.finish(store).unwrap()
+}
+
 /// A source that fetches a run of objects at once: `group(id)` is `id`
 /// and the objects after it in `order` that are not in the store;
 /// `stage_group` waits `delay`, then stages each (the server publishes). `fetch`
@@ -860,10 +889,7 @@ struct GroupSource {
 
 impl ObjectSource for GroupSource {
     fn size(&self, id: &ObjectId) -> Option<u64> {
-        self.order
-            .iter()
-            .find(|(o, _)| o == id)
-            .map(|(_, d)| d.len() as u64)
+        size_in(&self.order, id)
     }
 
     fn fetch(&self, id: &ObjectId, out: &mut dyn Write) -> Result<(), FetchError> {
@@ -875,15 +901,7 @@ impl ObjectSource for GroupSource {
     }
 
     fn group(&self, store: &Store, id: &ObjectId) -> Vec<ObjectId> {
-        let at = self.order.iter().position(|(o, _)| o == id).unwrap();
-        let mut g = vec![*id];
-        g.extend(
-            self.order[at + 1..]
-                .iter()
-                .map(|(o, _)| *o)
-                .take_while(|o| !store.has_object(o)),
-        );
-        g
+        run_in(&self.order, store, id)
     }
 
     fn stage_group(
@@ -895,10 +913,7 @@ impl ObjectSource for GroupSource {
         self.groups.lock().unwrap().push(group.to_vec());
         std::thread::sleep(self.delay);
         for id in group {
-            let (_, data) = self.order.iter().find(|(o, _)| o == id).unwrap();
-            let mut s = store.stage_object().unwrap();
-            s.write(data).unwrap();
-            staged(s.finish(store).unwrap());
+            staged(stage_in(&self.order, store, id));
         }
         Some(Ok(()))
     }
@@ -1007,10 +1022,7 @@ impl StreamingSource {
 
 impl ObjectSource for StreamingSource {
     fn size(&self, id: &ObjectId) -> Option<u64> {
-        self.order
-            .iter()
-            .find(|(o, _)| o == id)
-            .map(|(_, d)| d.len() as u64)
+        size_in(&self.order, id)
     }
 
     fn fetch(&self, _id: &ObjectId, _out: &mut dyn Write) -> Result<(), FetchError> {
@@ -1018,15 +1030,7 @@ impl ObjectSource for StreamingSource {
     }
 
     fn group(&self, store: &Store, id: &ObjectId) -> Vec<ObjectId> {
-        let at = self.order.iter().position(|(o, _)| o == id).unwrap();
-        let mut g = vec![*id];
-        g.extend(
-            self.order[at + 1..]
-                .iter()
-                .map(|(o, _)| *o)
-                .take_while(|o| !store.has_object(o)),
-        );
-        g
+        run_in(&self.order, store, id)
     }
 
     fn stage_group(
@@ -1056,10 +1060,7 @@ impl ObjectSource for StreamingSource {
             {
                 return Some(Err(FetchError::Other(format!("object {id}: a bad frame"))));
             }
-            let (_, data) = self.order.iter().find(|(o, _)| o == id).unwrap();
-            let mut s = store.stage_object().unwrap();
-            s.write(data).unwrap();
-            staged(s.finish(store).unwrap());
+            staged(stage_in(&self.order, store, id));
         }
         Some(Ok(()))
     }

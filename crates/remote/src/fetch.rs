@@ -183,14 +183,7 @@ impl RemoteObjects {
 
     /// Bytes `offset..offset+len` of pack `pack`.
     fn range(&self, pack: u32, offset: u64, len: u64) -> Result<Vec<u8>, RemoteError> {
-        let blob = &self.packs[pack as usize];
-        Ok(self.reg.fetch_blob_range(
-            &self.repo,
-            &blob.digest,
-            offset,
-            len,
-            &format!("pack {} bytes {offset}+{len}", blob.digest),
-        )?)
+        self.range_progress(pack, offset, len, &mut |_| {})
     }
 
     /// [`range`](Self::range), calling `progress` with the bytes that have

@@ -288,14 +288,7 @@ pub(super) fn read_capped(
             limit
         }
         BodySize::Exactly(expected) => {
-            if let Some(len) = content_length.filter(|&len| len != expected) {
-                return Err(PullError::SizeMismatch {
-                    what: what.to_string(),
-                    expected,
-                    actual: len,
-                }
-                .into());
-            }
+            promised_exactly(content_length, expected, what)?;
             expected
         }
     };
@@ -329,14 +322,32 @@ pub(super) fn read_capped(
             }
             _ => Ok(buf),
         },
-        Err(e) => Err(Failure::Transient {
-            timed_out: matches!(
-                e.kind(),
-                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-            ),
-            detail: format!("reading the answer: {}", describe_io(&e)),
-            retry_after: None,
-        }),
+        Err(e) => Err(reading_failed(&e)),
+    }
+}
+
+/// A Content-Length (if any) that is not the `expected` size.
+fn promised_exactly(content_length: Option<u64>, expected: u64, what: &str) -> Result<(), Failure> {
+    match content_length {
+        Some(len) if len != expected => Err(PullError::SizeMismatch {
+            what: what.to_string(),
+            expected,
+            actual: len,
+        }
+        .into()),
+        _ => Ok(()),
+    }
+}
+
+/// A body that could not be read to its end: worth a retry.
+fn reading_failed(e: &io::Error) -> Failure {
+    Failure::Transient {
+        timed_out: matches!(
+            e.kind(),
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+        ),
+        detail: format!("reading the answer: {}", describe_io(e)),
+        retry_after: None,
     }
 }
 
@@ -354,14 +365,7 @@ pub(super) fn read_exact_progress(
     let content_length = resp
         .header("Content-Length")
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if let Some(len) = content_length.filter(|&len| len != expected) {
-        return Err(PullError::SizeMismatch {
-            what: what.to_string(),
-            expected,
-            actual: len,
-        }
-        .into());
-    }
+    promised_exactly(content_length, expected, what)?;
     // `expected` is bounded by the caller (a range of at most MAX_RANGE).
     let mut buf = vec![0u8; expected as usize];
     let mut filled = 0usize;
@@ -381,16 +385,7 @@ pub(super) fn read_exact_progress(
                 progress(&buf[..filled]);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Err(Failure::Transient {
-                    timed_out: matches!(
-                        e.kind(),
-                        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-                    ),
-                    detail: format!("reading the answer: {}", describe_io(&e)),
-                    retry_after: None,
-                })
-            }
+            Err(e) => return Err(reading_failed(&e)),
         }
     }
     // A body longer than promised (no Content-Length said so).
@@ -402,14 +397,7 @@ pub(super) fn read_exact_progress(
             expected,
         }
         .into()),
-        Err(e) => Err(Failure::Transient {
-            timed_out: matches!(
-                e.kind(),
-                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-            ),
-            detail: format!("reading the answer: {}", describe_io(&e)),
-            retry_after: None,
-        }),
+        Err(e) => Err(reading_failed(&e)),
     }
 }
 
