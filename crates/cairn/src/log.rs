@@ -11,11 +11,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::{Format, Full, Writer};
-use tracing_subscriber::fmt::time::SystemTime;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
 static DAEMON: AtomicBool = AtomicBool::new(false);
+
+/// A line for stderr whatever the log level (a lazy server's account of
+/// its work, its failures): as a daemon, it starts with the time, as the
+/// `tracing` lines around it do.
+pub(crate) fn line(args: fmt::Arguments<'_>) {
+    eprintln!("{}", line_text(args));
+}
+
+fn line_text(args: fmt::Arguments<'_>) -> String {
+    let mut text = String::new();
+    if DAEMON.load(Ordering::Relaxed) && SystemTime.format_time(&mut Writer::new(&mut text)).is_ok()
+    {
+        text.push(' ');
+    }
+    fmt::Write::write_fmt(&mut text, args).expect("formatting into a String");
+    text
+}
+
+/// `eprintln!` for a process that may be a daemon ([`line`]).
+macro_rules! logline {
+    ($($arg:tt)*) => {
+        $crate::log::line(format_args!($($arg)*))
+    };
+}
+pub(crate) use logline;
 
 /// From now on, this process logs as a daemon (time, no colour).
 pub(crate) fn as_daemon() {
@@ -82,7 +107,7 @@ mod tests {
 
     /// A command's line has no time; once the process is a daemon, each
     /// line starts with the UTC time, and has no colour codes even where
-    /// the layer was set up for a terminal.
+    /// the layer was set up for a terminal. The same for `logline!`.
     #[test]
     fn a_daemon_line_carries_the_time_and_no_colour() {
         let buf = Buf::default();
@@ -92,12 +117,19 @@ mod tests {
             .with_ansi(true)
             .event_format(Lines::new())
             .finish();
+        let plain = line_text(format_args!("a line {}", 1));
+        let mut timed = String::new();
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!("as a command");
             as_daemon();
+            timed = line_text(format_args!("a line {}", 2));
             tracing::warn!("as a daemon");
         });
         DAEMON.store(false, Ordering::Relaxed);
+        assert_eq!(plain, "a line 1");
+        let (time, rest) = timed.split_once(' ').unwrap();
+        assert!(time.ends_with('Z') && time.contains('T'), "{timed}");
+        assert_eq!(rest, "a line 2");
         let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");

@@ -14,6 +14,7 @@ use cairn_fuse::ObjectSource;
 use cairn_store::{ObjectId, Store};
 
 use super::{Remote, RemoteSource, BACKGROUND_JOBS};
+use crate::log::logline;
 
 /// Writes the paths of `opened` (objects, in first-open order) to `file`,
 /// one a line, each the first path in the image backed by that object,
@@ -105,7 +106,7 @@ pub(super) fn background(
                     rest,
                 ),
                 Err(e) => {
-                    eprintln!(
+                    logline!(
                         "cairn lazy layer for image {digest}: the prefetch list: {e}; going on \
                          without it"
                     );
@@ -132,7 +133,7 @@ pub(super) fn background(
                 rest.retain(|id| c.objects.contains_key(id));
             }
             Err(e) => {
-                eprintln!("cairn lazy layer for image {digest}: no background fetch: {e}");
+                logline!("cairn lazy layer for image {digest}: no background fetch: {e}");
                 return;
             }
         }
@@ -148,13 +149,15 @@ pub(super) fn background(
             list.retain(|l| l != id);
         }
     }
-    // The files every start reads (`START_FILES`), ahead of the list.
-    let mut ahead: Vec<ObjectId> = first
-        .iter()
-        .filter(|id| !list.contains(id))
-        .copied()
-        .collect();
-    ahead.dedup();
+    // The files every start reads (`START_FILES`) first, also where the
+    // list has them further down.
+    let mut ahead: Vec<ObjectId> = Vec::new();
+    for id in first {
+        if !ahead.contains(id) {
+            ahead.push(*id);
+        }
+    }
+    list.retain(|id| !ahead.contains(id));
     list.splice(0..0, ahead);
     let mut seen: std::collections::HashSet<ObjectId> = list.iter().copied().collect();
     let _ = source.listed.set(seen.clone());
@@ -187,7 +190,7 @@ pub(super) fn background(
     }
     if !list.is_empty() {
         let still = list.iter().filter(|id| !local(id)).count();
-        eprintln!(
+        logline!(
             "cairn lazy layer for image {digest}: the start files and the prefetch list: {} of \
              {} objects local after {:.2} s ({listed_missing} were missing{})",
             list.len() - still,
@@ -212,7 +215,7 @@ pub(super) fn background(
     let order: Vec<ObjectId> = list.into_iter().chain(rest).collect();
     let missing = order.iter().filter(|id| !local(id)).count();
     if missing > 0 {
-        eprintln!(
+        logline!(
             "cairn lazy layer for image {digest}: background fetch done; {missing} objects still \
              missing ({given_up} given up on); the image stays incomplete"
         );
@@ -226,16 +229,16 @@ pub(super) fn background(
             .map_err(cairn_remote::RemoteError::from)
             .and_then(|_lock| cairn_remote::estargz_fetch::complete_from_local(store, digest));
         match done {
-            Ok(Some(complete)) => eprintln!(
+            Ok(Some(complete)) => logline!(
                 "cairn lazy layer for image {digest}: every file is local; the image is complete \
                  as {complete}"
             ),
-            Ok(None) => eprintln!(
+            Ok(None) => logline!(
                 "cairn lazy layer for image {digest}: a file is not local after all; the image \
                  stays incomplete"
             ),
             Err(e) => {
-                eprintln!("cairn lazy layer for image {digest}: marking the image complete: {e}")
+                logline!("cairn lazy layer for image {digest}: marking the image complete: {e}")
             }
         }
         return;
@@ -247,12 +250,12 @@ pub(super) fn background(
         ..cairn_remote::FetchOptions::default()
     };
     match cairn_remote::fetch_image(store, digest, &opts) {
-        Ok(r) => eprintln!(
+        Ok(r) => logline!(
             "cairn lazy layer for image {digest}: every object is local; the image is complete \
              ({} fetched at the end)",
             r.fetched_objects
         ),
-        Err(e) => eprintln!("cairn lazy layer for image {digest}: marking the image complete: {e}"),
+        Err(e) => logline!("cairn lazy layer for image {digest}: marking the image complete: {e}"),
     }
 }
 
@@ -285,7 +288,7 @@ fn fetch_all(
                 Ok(()) => break,
                 Err(_) if bg.stopped() => return,
                 Err(e) => {
-                    eprintln!(
+                    logline!(
                         "cairn lazy layer for image {digest}: background fetch of object {id} \
                          (attempt {attempt} of {ATTEMPTS}): {e}"
                     );

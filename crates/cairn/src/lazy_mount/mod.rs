@@ -143,10 +143,11 @@ const BACKGROUND_JOBS: usize = 2;
 /// Files that every container start reads, whatever its command: the
 /// user database. containerd reads `/etc/group` for the process's
 /// supplementary groups as it builds a container's spec, and runc reads
-/// `/etc/passwd` and `/etc/group` as it sets up the process's user. The
-/// background fetch takes them first, ahead of the prefetch list (which
-/// a start recorded under another runtime lacks): a few hundred bytes
-/// each, where an open of them waits for a request of its own.
+/// `/etc/passwd` and `/etc/group` as it sets up the process's user (so
+/// does a `cairn run`: a list it records starts with them). The
+/// background fetch takes them first, ahead of the prefetch list, also
+/// where the list lacks them (recorded otherwise, an eStargz image's
+/// landmark files, no list at all): a few hundred bytes each.
 const START_FILES: [&str; 2] = ["/etc/passwd", "/etc/group"];
 
 /// Where an incomplete image's objects come from: its cairn artifact, or
@@ -614,7 +615,7 @@ pub(crate) fn command(root: &Path, cmd: LazyCommand) -> Result<()> {
             // Its stderr is the server's log file.
             crate::log::as_daemon();
             let code = lazy_worker().unwrap_or_else(|e| {
-                eprintln!("cairn lazy worker: {e:#}");
+                crate::log::logline!("cairn lazy worker: {e:#}");
                 EXIT_CANNOT_RESUME
             });
             std::process::exit(code);

@@ -18,6 +18,7 @@ use cairn_store::{ObjectId, Store};
 
 use super::background::{background, write_prefetch};
 use super::{LazyArgs, LazyFetch, Remote, RemoteSource, BACKGROUND_JOBS, START_FILES};
+use crate::log::logline;
 
 /// The server child's standard streams: /dev/null, and its log.
 pub(super) struct Detached {
@@ -133,7 +134,7 @@ pub(super) fn supervise(
         // child never returns into this loop (it ends in `exit`).
         let pid = unsafe { libc::fork() };
         if pid < 0 {
-            eprintln!(
+            logline!(
                 "cairn lazy layer for image {digest}: forking a worker: {}",
                 io::Error::last_os_error()
             );
@@ -147,7 +148,7 @@ pub(super) fn supervise(
                     // Descriptors 3 to 6 may have been replaced: this
                     // process cannot serve; the supervisor starts a fork
                     // of itself instead.
-                    eprintln!(
+                    logline!(
                         "cairn lazy layer for image {digest}: running {} as the successor: {e}",
                         exe.display()
                     );
@@ -174,7 +175,7 @@ pub(super) fn supervise(
         };
         if libc::WIFEXITED(status) {
             if libc::WEXITSTATUS(status) == EXIT_CANNOT_RESUME && exec_allowed && restarts > 0 {
-                eprintln!(
+                logline!(
                     "cairn lazy layer for image {digest}: the successor could not start from \
                      the binary; successors are forks of this process from now on"
                 );
@@ -189,7 +190,7 @@ pub(super) fn supervise(
             0
         };
         if !served.journal.marked(mark::READY) {
-            eprintln!(
+            logline!(
                 "cairn lazy layer for image {digest}: the worker died (signal {signal}) before \
                  the overlay was attached"
             );
@@ -201,7 +202,7 @@ pub(super) fn supervise(
         if began.elapsed() < STABLE {
             quick += 1;
             if quick > MAX_QUICK_DEATHS {
-                eprintln!(
+                logline!(
                     "cairn lazy layer for image {digest}: {quick} workers died within \
                      {STABLE:?} of their start; giving up (the layer's connection ends)"
                 );
@@ -212,7 +213,7 @@ pub(super) fn supervise(
             delay = Duration::from_millis(100);
         }
         let wait = if quick > 1 { delay } else { Duration::ZERO };
-        eprintln!(
+        logline!(
             "cairn lazy layer for image {digest}: worker {pid} died (signal {signal}); \
              starting a successor in {wait:?}"
         );
@@ -255,7 +256,7 @@ fn write_status(path: &Path, worker: i32, digest: &str, restarts: u32) {
     );
     let tmp = path.with_extension("pid-tmp");
     if let Err(e) = fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, path)) {
-        eprintln!("cairn lazy layer: writing {}: {e}", path.display());
+        logline!("cairn lazy layer: writing {}: {e}", path.display());
     }
 }
 
@@ -285,7 +286,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
     let device = match served.device.try_clone() {
         Ok(d) => d,
         Err(e) => {
-            eprintln!(
+            logline!(
                 "cairn lazy layer {}: duplicating /dev/fuse: {e}",
                 dir.display()
             );
@@ -317,7 +318,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
                 }
                 Err(e) => {
                     let _ = write!(ready, "error: {e}");
-                    eprintln!("cairn lazy layer {}: {e}", dir.display());
+                    logline!("cairn lazy layer {}: {e}", dir.display());
                     return 1;
                 }
             }
@@ -332,14 +333,14 @@ fn worker(served: &mut Served, start: Start) -> i32 {
                     .unwrap_or(true);
             match cairn_fuse::resume(device, store.clone(), source.clone(), dir, mounted, options) {
                 Ok(m) => {
-                    eprintln!(
+                    logline!(
                         "cairn lazy layer for image {digest}: worker {} serves on",
                         std::process::id()
                     );
                     m
                 }
                 Err(e) => {
-                    eprintln!("cairn lazy layer for image {digest}: resuming: {e}");
+                    logline!("cairn lazy layer for image {digest}: resuming: {e}");
                     return 1;
                 }
             }
@@ -367,7 +368,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
                 }
             });
         if let Err(e) = spawned {
-            eprintln!("cairn lazy layer for image {digest}: no early chunk fetch: {e}");
+            logline!("cairn lazy layer for image {digest}: no early chunk fetch: {e}");
         }
     }
     let told = journal.marked(mark::TOLD) || {
@@ -402,7 +403,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
                 .name("cairn-background".into())
                 .spawn(move || background(&store, &source, &bg, &owned, &client, &first, all));
             if let Err(e) = spawned {
-                eprintln!("cairn lazy layer for image {digest}: no background fetch: {e}");
+                logline!("cairn lazy layer for image {digest}: no background fetch: {e}");
             }
         }
         let r = mount.detach().and_then(|()| {
@@ -418,16 +419,16 @@ fn worker(served: &mut Served, start: Start) -> i32 {
     };
     if let (Some(file), true) = (&record, told) {
         match write_prefetch(&store, digest, &open_log.entries(), file) {
-            Ok(n) => eprintln!(
+            Ok(n) => logline!(
                 "cairn lazy layer for image {digest}: {n} opened paths written to {}",
                 file.display()
             ),
-            Err(e) => eprintln!("cairn lazy layer for image {digest}: {e:#}"),
+            Err(e) => logline!("cairn lazy layer for image {digest}: {e:#}"),
         }
     }
     match result {
         Ok(stats) => {
-            eprintln!("cairn lazy layer for image {digest}: done: {stats:?}");
+            logline!("cairn lazy layer for image {digest}: done: {stats:?}");
             if stats.fetches_failed == 0 && stats.fetches_timed_out == 0 && stats.chunks_failed == 0
             {
                 0
@@ -436,7 +437,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
             }
         }
         Err(e) => {
-            eprintln!("cairn lazy layer for image {digest}: {e}");
+            logline!("cairn lazy layer for image {digest}: {e}");
             1
         }
     }
@@ -623,7 +624,7 @@ pub(super) fn lazy_worker() -> Result<i32> {
     let remote = match Remote::open(&store, &spec.digest, &server_client) {
         Ok(r) => Some(r),
         Err(e) => {
-            eprintln!(
+            logline!(
                 "cairn lazy layer for image {}: no lazy source ({e}); serving what is local",
                 spec.digest
             );
