@@ -650,8 +650,9 @@ impl RemoteObjects {
         let bytes = self.range_progress(first.pack, first.offset, span, &mut |prefix| {
             stage_ready(prefix, &mut done, &mut failed)
         })?;
-        // Whatever the progress calls left (none, unless a retry's body
-        // came in one piece after they had stopped).
+        // The reader calls `progress` with the whole range last, so this
+        // finds nothing left; it keeps the contract (every object handed
+        // over, or an error) independent of that.
         stage_ready(&bytes, &mut done, &mut failed);
         match failed {
             Some(e) => Err(e),

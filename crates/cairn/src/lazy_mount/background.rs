@@ -149,16 +149,7 @@ pub(super) fn background(
             list.retain(|l| l != id);
         }
     }
-    // The files every start reads (`START_FILES`) first, also where the
-    // list has them further down.
-    let mut ahead: Vec<ObjectId> = Vec::new();
-    for id in first {
-        if !ahead.contains(id) {
-            ahead.push(*id);
-        }
-    }
-    list.retain(|id| !ahead.contains(id));
-    list.splice(0..0, ahead);
+    put_first(&mut list, first);
     let mut seen: std::collections::HashSet<ObjectId> = list.iter().copied().collect();
     let _ = source.listed.set(seen.clone());
     // The list phase fetches each run of listed neighbours once, by its
@@ -259,6 +250,19 @@ pub(super) fn background(
     }
 }
 
+/// Puts `first` (the objects of `START_FILES`) at the head of `list`, in
+/// their order and once each, also where the list has them further down.
+fn put_first(list: &mut Vec<ObjectId>, first: &[ObjectId]) {
+    let mut ahead: Vec<ObjectId> = Vec::new();
+    for id in first {
+        if !ahead.contains(id) {
+            ahead.push(*id);
+        }
+    }
+    list.retain(|id| !ahead.contains(id));
+    list.splice(0..0, ahead);
+}
+
 /// Fetches `ids` in order through the layer's fetcher, `BACKGROUND_JOBS`
 /// at a time, each retried with backoff (1 s doubling to 60 s) up to
 /// `ATTEMPTS` times; stops when the layer goes away. Returns how many
@@ -309,4 +313,28 @@ fn fetch_all(
         job();
     });
     given_up.into_inner()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> ObjectId {
+        ObjectId::from_hex(&format!("{n:02x}").repeat(32)).unwrap()
+    }
+
+    /// The start files go first: added where the list lacks them, moved
+    /// up where it has them further down, never twice.
+    #[test]
+    fn start_files_go_first() {
+        let mut list = vec![id(1), id(2), id(9), id(3)];
+        put_first(&mut list, &[id(9), id(8), id(9)]);
+        assert_eq!(list, vec![id(9), id(8), id(1), id(2), id(3)]);
+        let mut empty = Vec::new();
+        put_first(&mut empty, &[id(7)]);
+        assert_eq!(empty, vec![id(7)]);
+        let mut unchanged = vec![id(1), id(2)];
+        put_first(&mut unchanged, &[]);
+        assert_eq!(unchanged, vec![id(1), id(2)]);
+    }
 }

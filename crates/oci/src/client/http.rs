@@ -354,8 +354,10 @@ fn reading_failed(e: &io::Error) -> Failure {
 /// Reads a body of exactly `expected` bytes as [`read_capped`] does, and
 /// calls `progress` with all the bytes read so far each time more have
 /// arrived (so a caller can use the start of a large range before its
-/// end is in). The buffer is the one returned: the caller sees each byte
-/// once in place, never a copy.
+/// end is in). Each prefix is a view of the buffer that is returned, not
+/// a copy. The buffer is allocated whole at the start (`expected` is
+/// bounded by the caller: a range of at most `MAX_RANGE`; the pages the
+/// body never reaches are not touched).
 pub(super) fn read_exact_progress(
     resp: ureq::Response,
     expected: u64,
@@ -366,7 +368,6 @@ pub(super) fn read_exact_progress(
         .header("Content-Length")
         .and_then(|v| v.trim().parse::<u64>().ok());
     promised_exactly(content_length, expected, what)?;
-    // `expected` is bounded by the caller (a range of at most MAX_RANGE).
     let mut buf = vec![0u8; expected as usize];
     let mut filled = 0usize;
     let mut reader = resp.into_reader();
