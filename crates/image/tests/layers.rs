@@ -331,6 +331,32 @@ fn layer_cache_never_reads_the_blob() {
     assert_eq!(again.entries, first.entries);
 }
 
+/// An image is written only over objects that are all there: one missing
+/// from the store fails the assembly, naming it, and nothing is published
+/// (the check runs beside the image's writing, which it must not outrun).
+#[test]
+fn a_missing_object_fails_the_image_and_publishes_nothing() {
+    let (_d, s) = store();
+    let gone = vec![5u8; 3000];
+    let mut l = Layer::new();
+    l.file("kept", &vec![4u8; 3000], 0o644)
+        .file("gone", &gone, 0o644);
+    let tar = l.finish();
+    let info = import(&s, &tar).unwrap();
+    let id = s.import_bytes(&gone).unwrap();
+    std::fs::remove_file(s.object_path(&id)).unwrap();
+    let (m, c) = manifest_and_config(&[(info.diff_id, tar.len() as u64)]);
+    let err = cairn_image::assemble_image(&s, &m, &c, Some("img"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&id.to_string()), "{err}");
+    let images: Vec<_> = std::fs::read_dir(s.root().join("images"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(images.is_empty(), "published: {images:?}");
+    assert_eq!(s.get_ref(&cairn_store::ref_name_for("img")).unwrap(), None);
+}
+
 #[test]
 fn gnu_tar_sparse_formats() {
     let (d, s) = store();

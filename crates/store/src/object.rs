@@ -471,6 +471,16 @@ fn copy_by_reading(src: &File, dst: &File, mut off: u64, len: u64) -> Result<(),
     Ok(())
 }
 
+/// Whether `dir`, the fan-out directory of `id`, holds the object (as a
+/// regular file): one lookup of one name, no path walked from `/`.
+pub(crate) fn object_in(dir: &File, id: &ObjectId) -> bool {
+    use rustix::fs::{statat, AtFlags, FileType};
+    let hex = id.to_hex();
+    statat(dir, &hex[2..], AtFlags::SYMLINK_NOFOLLOW)
+        .map(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+        .unwrap_or(false)
+}
+
 /// Looks objects up: see [`Store::object_lookup`].
 pub struct ObjectLookup<'s> {
     store: &'s Store,
@@ -481,7 +491,6 @@ pub struct ObjectLookup<'s> {
 impl ObjectLookup<'_> {
     /// Whether the object is in the store (as a regular file).
     pub fn has(&mut self, id: &ObjectId) -> bool {
-        use rustix::fs::{statat, AtFlags, FileType};
         let b = id.0[0];
         let dir = self.dirs[b as usize].get_or_insert_with(|| {
             File::open(self.store.objects_dir().join(format!("{b:02x}"))).ok()
@@ -489,10 +498,7 @@ impl ObjectLookup<'_> {
         let Some(dir) = dir else {
             return false;
         };
-        let hex = id.to_hex();
-        statat(&*dir, &hex[2..], AtFlags::SYMLINK_NOFOLLOW)
-            .map(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
-            .unwrap_or(false)
+        object_in(dir, id)
     }
 
     /// The first of `ids` (in fan-out order) that is not in the store, if

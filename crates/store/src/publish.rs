@@ -322,6 +322,20 @@ impl<'s> Publisher<'s> {
         }
     }
 
+    /// Whether the store has the object already: looked up in its fan-out
+    /// directory's descriptor, which the link will use too, rather than by
+    /// a path walked from `/` for every object of the layer.
+    fn has_object(&self, id: &ObjectId) -> bool {
+        let store = self.0.store;
+        if !store.fanouts().has(id.0[0]) {
+            return false;
+        }
+        match self.fanout_dir(id.0[0]) {
+            Ok(dir) => crate::object::object_in(&dir, id),
+            Err(_) => store.has_object(id),
+        }
+    }
+
     /// The fan-out directory of `b`, opened once (and made if missing).
     fn fanout_dir(&self, b: u8) -> Result<Arc<File>, StoreError> {
         let s = &self.0;
@@ -436,8 +450,8 @@ impl PublishShard<'_> {
     /// holds no file, and [`Store::publish_staged`] skips it. When the
     /// shard holds its budget, this syncs and links them all first.
     pub fn finish(&mut self, stager: ObjectStager) -> Result<StagedObject, StoreError> {
-        let store = self.publisher.0.store;
-        let mut staged = stager.finish(store)?;
+        let publisher = &self.publisher;
+        let mut staged = stager.finish_with(|id| publisher.has_object(id))?;
         if staged.tmp.as_ref().is_some_and(TmpFile::is_anonymous) {
             let tmp = staged.tmp.take().expect("checked");
             let first = (self.publisher.0.unnamed.lock())

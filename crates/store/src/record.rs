@@ -382,7 +382,16 @@ impl ObjectStager {
 
     /// Completes the file. If the store has the object already, the staged
     /// copy is dropped at once.
-    pub fn finish(mut self, store: &Store) -> Result<StagedObject, StoreError> {
+    pub fn finish(self, store: &Store) -> Result<StagedObject, StoreError> {
+        self.finish_with(|id| store.may_have_object(id))
+    }
+
+    /// [`finish`](Self::finish), asking `in_store` whether the store has
+    /// the object already.
+    pub(crate) fn finish_with(
+        mut self,
+        in_store: impl FnOnce(&ObjectId) -> bool,
+    ) -> Result<StagedObject, StoreError> {
         if self.hole_at_end {
             self.tmp
                 .file()
@@ -390,7 +399,7 @@ impl ObjectStager {
                 .map_err(|e| self.tmp.err("extending object", e))?;
         }
         let id = self.hasher.finalize();
-        if store.may_have_object(&id) {
+        if in_store(&id) {
             return Ok(StagedObject {
                 id,
                 size: self.len,
