@@ -294,6 +294,10 @@ fn main() {
         &cli.global,
         matches!(cli.command, Command::Snapshotter { .. }),
     );
+    // While the process has one thread: imports open thousands of files
+    // from several threads, and growing a shared descriptor table stalls
+    // them all (cairn_store::reserve_descriptors).
+    let _ = cairn_store::reserve_descriptors();
     let code = match run(cli) {
         Ok(()) => 0,
         Err(e) => {

@@ -114,7 +114,9 @@ pub use private::{
     create_private_dir, ensure_private_dir, make_dir_private, wide_mode, PRIVATE_DIRS,
     PRIVATE_DIR_MODE, PRIVATE_FILE_MODE,
 };
-pub use publish::{open_file_budget, PublishShard, Publisher, MAX_LAYER_OPEN_FILES};
+pub use publish::{
+    open_file_budget, reserve_descriptors, PublishShard, Publisher, MAX_LAYER_OPEN_FILES,
+};
 pub use record::{
     image_name_for, is_diff_id, ref_name_for, ImageRecord, ImageRecordLayer, LayerRecord,
     LayerRecordWriter, LazySource, ObjectShard, ObjectStager, StagedObject, LAYER_ENTRIES_FILE,
