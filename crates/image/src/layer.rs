@@ -288,6 +288,10 @@ pub fn import_layer(
             // the workers name their last objects as they end, which they
             // do when their queues close.
             publisher.staging_done();
+            tracing::debug!(
+                "layer {layer}: stream parsed and checked at {:?}",
+                started.elapsed()
+            );
             b.objects = None;
             Ok((b, compression, totals))
         })?
