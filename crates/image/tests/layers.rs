@@ -333,7 +333,7 @@ fn layer_cache_never_reads_the_blob() {
 
 /// An image is written only over objects that are all there: one missing
 /// from the store fails the assembly, naming it, and nothing is published
-/// (the check runs beside the image's writing, which it must not outrun).
+/// (the check runs beside the image's writing; the image waits for it).
 #[test]
 fn a_missing_object_fails_the_image_and_publishes_nothing() {
     let (_d, s) = store();
