@@ -294,10 +294,21 @@ fn main() {
         &cli.global,
         matches!(cli.command, Command::Snapshotter { .. }),
     );
-    // While the process has one thread: imports open thousands of files
-    // from several threads, and growing a shared descriptor table stalls
-    // them all (cairn_store::reserve_descriptors).
-    let _ = cairn_store::reserve_descriptors();
+    // The commands that import layers or stage objects open thousands of
+    // files from several threads, and growing a shared descriptor table
+    // stalls them all: grow it now, while the process has one thread
+    // (cairn_store::reserve_descriptors). The others (`run` among them)
+    // keep the default table.
+    if matches!(
+        cli.command,
+        Command::Pull(_)
+            | Command::Import(_)
+            | Command::Mkfs(_)
+            | Command::Fetch(_)
+            | Command::Snapshotter { .. }
+    ) {
+        let _ = cairn_store::reserve_descriptors();
+    }
     let code = match run(cli) {
         Ok(()) => 0,
         Err(e) => {
