@@ -3,11 +3,18 @@
 //! and, last, a ref naming it.
 //!
 //! The order is what keeps the store consistent: every layer record and
-//! object exists before the image is written (they are checked), the image
-//! before its record, the record before the ref. The store lock is held
-//! shared throughout, so garbage collection cannot take what the image is
-//! being made of.
+//! object exists before the image is published (they are checked), the
+//! image before its record, the record before the ref. The store lock is
+//! held shared throughout, so garbage collection cannot take what the image
+//! is being made of.
+//!
+//! A pull writes the image earlier ([`StagedImage`]): from the entries of
+//! the layers it imports, as soon as each is checked, while their last
+//! objects and records are still being published. It publishes the image
+//! once they are. The objects of those layers are not looked up again:
+//! their import named or found each of them under the shared lock.
 
+use std::fs::File;
 use std::io::BufReader;
 
 use cairn_erofs::tree::InodeData;
@@ -16,7 +23,9 @@ use cairn_erofs::Tree;
 use cairn_spec::limits::{MAX_CONFIG_SIZE, MAX_LAYERS, MAX_MANIFEST_SIZE};
 use cairn_spec::media_type::DocKind;
 use cairn_spec::{parse_digest, sha256_digest, ImageConfig, ImageManifest};
-use cairn_store::{ref_name_for, ImageRecord, ImageRecordLayer, ImageWriter, ObjectId, Store};
+use cairn_store::{
+    ref_name_for, ImageRecord, ImageRecordLayer, ImageWriter, ObjectId, Store, StoreLock,
+};
 
 use crate::apply::{apply_layer, compact, empty_image};
 use crate::layer::LayerInfo;
@@ -126,40 +135,60 @@ pub fn fuzz_parse_image(manifest_json: &[u8], config_json: &[u8]) -> bool {
 
 /// Applies `diff_ids` in order, each from its record in the store.
 pub fn build_image_tree(store: &Store, diff_ids: &[String]) -> Result<Tree, LayerError> {
+    build_tree_from(store, diff_ids, Vec::new())
+}
+
+/// Applies `diff_ids` in order, each from the entries file given at its
+/// index in `entries`, or where there is none, from its record in the
+/// store.
+fn build_tree_from(
+    store: &Store,
+    diff_ids: &[String],
+    mut entries: Vec<Option<File>>,
+) -> Result<Tree, LayerError> {
     let mut image = empty_image();
-    for diff_id in diff_ids {
-        let path = store.layer_entries_path(diff_id);
-        let file = std::fs::File::open(&path).map_err(|e| LayerError::Apply {
-            layer: diff_id.to_owned(),
-            path: path.display().to_string(),
-            reason: format!("opening the layer record: {e}"),
-        })?;
+    for (i, diff_id) in diff_ids.iter().enumerate() {
+        let file = match entries.get_mut(i).and_then(Option::take) {
+            Some(file) => file,
+            None => {
+                let path = store.layer_entries_path(diff_id);
+                File::open(&path).map_err(|e| LayerError::Apply {
+                    layer: diff_id.to_owned(),
+                    path: path.display().to_string(),
+                    reason: format!("opening the layer record: {e}"),
+                })?
+            }
+        };
         apply_layer(&mut image, BufReader::with_capacity(1 << 20, file), diff_id)?;
     }
     Ok(compact(image))
 }
 
-/// Sums regular file sizes (each inode once) and checks that every object
-/// the tree names is in the store.
-pub(crate) fn check_objects(store: &Store, tree: &Tree) -> Result<u64, LayerError> {
-    let mut content = 0u64;
-    let mut ids = Vec::new();
-    for inode in &tree.inodes {
-        let InodeData::Regular(r) = &inode.data else {
-            continue;
-        };
-        content = content.saturating_add(inode.size);
-        if let Some(d) = r.digest {
-            ids.push(ObjectId(d));
-        }
-    }
+/// Sums regular file sizes (each inode once).
+fn content_size(tree: &Tree) -> u64 {
+    tree.inodes
+        .iter()
+        .filter(|inode| matches!(inode.data, InodeData::Regular(_)))
+        .fold(0u64, |sum, inode| sum.saturating_add(inode.size))
+}
+
+/// Checks that every object the tree names is in the store.
+pub(crate) fn check_objects(store: &Store, tree: &Tree) -> Result<(), LayerError> {
+    let ids = tree
+        .inodes
+        .iter()
+        .filter_map(|inode| match &inode.data {
+            InodeData::Regular(r) => r.digest.map(ObjectId),
+            _ => None,
+        })
+        .collect::<Vec<_>>();
     if let Some(id) = store.object_lookup().first_missing(&ids) {
         return Err(image_err(
             "layers",
             format!("object {id} is missing from the store (re-import the layer)"),
         ));
     }
-    Ok(content)
+    Ok(())
 }
 
 /// Writes `tree` as an EROFS image into the store's staging area, not yet
@@ -204,31 +233,11 @@ pub fn assemble_image_from(
     source: Option<&str>,
 ) -> Result<ImportedImage, LayerError> {
     let (manifest, config) = parse_image(manifest_json, config_json)?;
-    let ref_name = name.map(ref_name_for);
-    if let Some(r) = &ref_name {
-        cairn_store::validate_ref_name(r).map_err(LayerError::store("naming the image"))?;
-    }
-    let _lock = store
+    let ref_name = checked_ref_name(name)?;
+    let lock = store
         .lock_shared()
         .map_err(LayerError::store("locking the store"))?;
     let diff_ids = config.rootfs.as_ref().map_or(&[][..], |r| &r.diff_ids);
-    let mut layers = Vec::new();
-    for (diff_id, desc) in diff_ids.iter().zip(&manifest.layers) {
-        let rec = store
-            .layer_record(diff_id)
-            .map_err(LayerError::store(format!("reading layer {diff_id}")))?
-            .ok_or_else(|| LayerError::MissingLayer {
-                diff_id: diff_id.clone(),
-            })?;
-        layers.push(LayerInfo {
-            diff_id: diff_id.clone(),
-            blob_digest: Some(desc.digest.clone()),
-            entries: rec.entries,
-            size: rec.size,
-            compressed_size: desc.size,
-            cached: true,
-        });
-    }
     let tree = build_image_tree(store, diff_ids)?;
     // The objects are looked up (a listing of each fan-out directory the
     // image uses: a tenth of a second for the Linux tree's 78,600) while
@@ -242,52 +251,176 @@ pub fn assemble_image_from(
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (checked, staged)
     });
-    let content_size = checked?;
+    checked?;
     let (writer, image_size) = staged?;
-    let image_digest = writer
-        .commit()
-        .map_err(LayerError::store("publishing the image"))?;
-    let record = ImageRecord {
-        image_digest: image_digest.clone(),
-        manifest_digest: sha256_digest(manifest_json),
-        config_digest: manifest.config.digest.clone(),
-        manifest: String::from_utf8_lossy(manifest_json).into_owned(),
-        config: String::from_utf8_lossy(config_json).into_owned(),
-        layers: layers
-            .iter()
-            .map(|l| ImageRecordLayer {
-                diff_id: l.diff_id.clone(),
-                blob_digest: l.blob_digest.clone(),
-                size: l.size,
-            })
-            .collect(),
-        created: config.created.clone(),
-        architecture: config.architecture.clone(),
-        os: config.os.clone(),
-        imported: now_rfc3339(),
-        image_size,
-        content_size,
-        source: source.map(str::to_owned),
-        lazy: None,
-    };
-    store
-        .write_image_record(&record)
-        .map_err(LayerError::store("writing the image record"))?;
-    if let Some(r) = &ref_name {
-        store
-            .set_ref(r, &image_digest)
-            .map_err(LayerError::store(format!(
-                "naming the image {}",
-                name.unwrap_or("")
-            )))?;
-    }
-    Ok(ImportedImage {
-        image_digest,
-        manifest_digest: record.manifest_digest,
-        config_digest: record.config_digest,
-        layers,
+    let staged = StagedImage {
+        store,
+        _lock: lock,
+        manifest_json,
+        config_json,
+        manifest,
+        config,
         name: name.map(str::to_owned),
-    })
+        ref_name,
+        source: source.map(str::to_owned),
+        content_size: content_size(&tree),
+        tree: None,
+        writer,
+        image_size,
+    };
+    staged.publish()
+}
+
+fn checked_ref_name(name: Option<&str>) -> Result<Option<String>, LayerError> {
+    let ref_name = name.map(ref_name_for);
+    if let Some(r) = &ref_name {
+        cairn_store::validate_ref_name(r).map_err(LayerError::store("naming the image"))?;
+    }
+    Ok(ref_name)
+}
+
+/// An image written into the store's staging area from its layers'
+/// entries, before (some of) those layers are published; see
+/// [`StagedImage::stage`]. Dropped, it leaves nothing behind.
+pub struct StagedImage<'a> {
+    store: &'a Store,
+    /// Shared: garbage collection waits until the image is published.
+    _lock: StoreLock,
+    manifest_json: &'a [u8],
+    config_json: &'a [u8],
+    manifest: ImageManifest,
+    config: ImageConfig,
+    name: Option<String>,
+    ref_name: Option<String>,
+    source: Option<String>,
+    content_size: u64,
+    /// The tree, while its objects are still to be looked up.
+    tree: Option<Tree>,
+    writer: ImageWriter,
+    image_size: u64,
+}
+
+impl<'a> StagedImage<'a> {
+    /// Parses the manifest and config as [`assemble_image`] does and writes
+    /// the image into the staging area, reading each layer's entries from
+    /// `entries[i]` (as [`crate::import_layer_with`] hands them over) or,
+    /// where that is `None`, from the layer's record in the store. Nothing
+    /// is published: [`publish`](Self::publish) does that once every layer
+    /// is.
+    ///
+    /// A layer given by its entries must be one whose import has not
+    /// failed by the time of `publish`: such a layer's objects are then in
+    /// the store (its import named or found each of them, under the
+    /// store's shared lock, which the caller holds from that import on), so only
+    /// the objects of the image that come from records already in the
+    /// store are looked up. When every layer is given by its entries,
+    /// none is.
+    pub fn stage(
+        store: &'a Store,
+        manifest_json: &'a [u8],
+        config_json: &'a [u8],
+        name: Option<&str>,
+        source: Option<&str>,
+        entries: Vec<Option<File>>,
+    ) -> Result<StagedImage<'a>, LayerError> {
+        let (manifest, config) = parse_image(manifest_json, config_json)?;
+        let ref_name = checked_ref_name(name)?;
+        let lock = store
+            .lock_shared()
+            .map_err(LayerError::store("locking the store"))?;
+        let diff_ids = config.rootfs.as_ref().map_or(&[][..], |r| &r.diff_ids);
+        let from_store = (0..diff_ids.len()).any(|i| !matches!(entries.get(i), Some(Some(_))));
+        let tree = build_tree_from(store, diff_ids, entries)?;
+        let (writer, image_size) = stage_image(store, &tree)?;
+        Ok(StagedImage {
+            store,
+            _lock: lock,
+            manifest_json,
+            config_json,
+            manifest,
+            config,
+            name: name.map(str::to_owned),
+            ref_name,
+            source: source.map(str::to_owned),
+            content_size: content_size(&tree),
+            tree: from_store.then_some(tree),
+            writer,
+            image_size,
+        })
+    }
+
+    /// Looks up the objects still to check, then publishes the image, its
+    /// record and its name (as [`assemble_image_from`] does). Every layer
+    /// must be published by now.
+    pub fn publish(self) -> Result<ImportedImage, LayerError> {
+        let store = self.store;
+        let diff_ids = self.config.rootfs.as_ref().map_or(&[][..], |r| &r.diff_ids);
+        let mut layers = Vec::new();
+        for (diff_id, desc) in diff_ids.iter().zip(&self.manifest.layers) {
+            let rec = store
+                .layer_record(diff_id)
+                .map_err(LayerError::store(format!("reading layer {diff_id}")))?
+                .ok_or_else(|| LayerError::MissingLayer {
+                    diff_id: diff_id.clone(),
+                })?;
+            layers.push(LayerInfo {
+                diff_id: diff_id.clone(),
+                blob_digest: Some(desc.digest.clone()),
+                entries: rec.entries,
+                size: rec.size,
+                compressed_size: desc.size,
+                cached: true,
+            });
+        }
+        if let Some(tree) = &self.tree {
+            check_objects(store, tree)?;
+        }
+        let image_digest = self
+            .writer
+            .commit()
+            .map_err(LayerError::store("publishing the image"))?;
+        let record = ImageRecord {
+            image_digest: image_digest.clone(),
+            manifest_digest: sha256_digest(self.manifest_json),
+            config_digest: self.manifest.config.digest.clone(),
+            manifest: String::from_utf8_lossy(self.manifest_json).into_owned(),
+            config: String::from_utf8_lossy(self.config_json).into_owned(),
+            layers: layers
+                .iter()
+                .map(|l| ImageRecordLayer {
+                    diff_id: l.diff_id.clone(),
+                    blob_digest: l.blob_digest.clone(),
+                    size: l.size,
+                })
+                .collect(),
+            created: self.config.created.clone(),
+            architecture: self.config.architecture.clone(),
+            os: self.config.os.clone(),
+            imported: now_rfc3339(),
+            image_size: self.image_size,
+            content_size: self.content_size,
+            source: self.source.clone(),
+            lazy: None,
+        };
+        store
+            .write_image_record(&record)
+            .map_err(LayerError::store("writing the image record"))?;
+        if let Some(r) = &self.ref_name {
+            store
+                .set_ref(r, &image_digest)
+                .map_err(LayerError::store(format!(
+                    "naming the image {}",
+                    self.name.as_deref().unwrap_or("")
+                )))?;
+        }
+        Ok(ImportedImage {
+            image_digest,
+            manifest_digest: record.manifest_digest,
+            config_digest: record.config_digest,
+            layers,
+            name: self.name,
+        })
+    }
 }
 
 /// The current time as RFC 3339 UTC (`2024-05-01T12:34:56Z`), as image

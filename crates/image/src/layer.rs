@@ -141,6 +141,33 @@ pub fn import_layer(
     expected_diff_id: Option<&str>,
     limits: &Limits,
 ) -> Result<LayerInfo, LayerError> {
+    import_layer_with(
+        store,
+        blob,
+        media_type,
+        expected_blob_digest,
+        expected_diff_id,
+        limits,
+        &mut |_| {},
+    )
+}
+
+/// [`import_layer`], telling `checked` when the layer's entries are final:
+/// the stream has been read to its end, its blob digest and diff_id match
+/// what was expected, and every entry line is written. `checked` gets the
+/// entries file (read-only, at its start), before the layer's last objects
+/// and its record are published, so that a caller can build an image from
+/// it meanwhile (`crate::assemble::StagedImage`). It is called at most
+/// once, and not at all when the store had the layer already.
+pub fn import_layer_with(
+    store: &Store,
+    blob: impl Read + Send,
+    media_type: Option<&str>,
+    expected_blob_digest: Option<&str>,
+    expected_diff_id: Option<&str>,
+    limits: &Limits,
+    checked: &mut dyn FnMut(std::fs::File),
+) -> Result<LayerInfo, LayerError> {
     let layer = expected_blob_digest
         .or(expected_diff_id)
         .unwrap_or("(unnamed)")
@@ -193,7 +220,7 @@ pub fn import_layer(
     let publisher = store
         .publisher(workers)
         .map_err(|e| store_err(&layer, "starting the object publisher", e))?;
-    let (mut b, compression, totals) = if threads <= 1 {
+    let (b, compression, totals) = if threads <= 1 {
         // One CPU: every stage in this thread, one after the other.
         let (stream, compression, meter) = open_blob(
             blob,
@@ -215,7 +242,10 @@ pub fn import_layer(
             .map_err(|e| store_err(&layer, "starting the layer record", e))?;
         parse_layer(&mut tar, compression, &mut b, limits, &layer)?;
         drop(tar);
-        (b, compression, pipeline::Totals::of(&meter))
+        let totals = pipeline::Totals::of(&meter);
+        check_digests(&layer, expected_blob_digest, expected_diff_id, &totals)?;
+        entries_done(&mut b, &layer, checked)?;
+        (b, compression, totals)
     } else {
         std::thread::scope(|s| {
             let q = pipeline::stream_queues();
@@ -293,6 +323,9 @@ pub fn import_layer(
                 started.elapsed()
             );
             b.objects = None;
+            // The workers are still naming their last objects (a sync of
+            // the stream's tail, then links): the entries need not wait.
+            entries_done(&mut b, &layer, checked)?;
             Ok((b, compression, totals))
         })?
     };
@@ -303,7 +336,6 @@ pub fn import_layer(
         started.elapsed()
     );
 
-    check_digests(&layer, expected_blob_digest, expected_diff_id, &totals)?;
     let pipeline::Totals {
         blob_digest,
         diff_id,
@@ -325,14 +357,6 @@ pub fn import_layer(
     if let Some(rec) = cached_record(store, &diff_id)? {
         return Ok(LayerInfo::from_record(&rec, false));
     }
-    b.flush().map_err(|e| match e {
-        AddError::Reason(reason) => LayerError::Invalid {
-            layer: diff_id.clone(),
-            reason,
-        },
-        AddError::Tar(e) => tar_err(&diff_id, e),
-        AddError::Store(e) => store_err(&diff_id, "writing the layer record", e),
-    })?;
     let LayerBuilder {
         staged,
         writer,
@@ -361,6 +385,29 @@ pub fn import_layer(
         started.elapsed()
     );
     Ok(LayerInfo::from_record(&record, false))
+}
+
+/// Writes the entry lines still buffered and hands `checked` the entries
+/// file: the layer's stream is read and its digests match.
+fn entries_done(
+    b: &mut LayerBuilder<'_>,
+    layer: &str,
+    checked: &mut dyn FnMut(std::fs::File),
+) -> Result<(), LayerError> {
+    b.flush().map_err(|e| match e {
+        AddError::Reason(reason) => LayerError::Invalid {
+            layer: layer.to_owned(),
+            reason,
+        },
+        AddError::Tar(e) => tar_err(layer, e),
+        AddError::Store(e) => store_err(layer, "writing the layer record", e),
+    })?;
+    let entries = b
+        .writer
+        .open_entries()
+        .map_err(|e| store_err(layer, "reading back the layer record", e))?;
+    checked(entries);
+    Ok(())
 }
 
 /// Checks the digests of what was read against those expected.

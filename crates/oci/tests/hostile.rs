@@ -1122,3 +1122,89 @@ fn full_pull_with_bearer_auth_then_all_cached() {
     ev.sort();
     assert_eq!(ev, ["assembling", "cached 0", "cached 1", "resolved"]);
 }
+
+/// A manifest may list one layer twice (a layer that undoes a change and
+/// one that redoes it, say). The pull fetches it once; the image, written
+/// while layers are still being published, is the one a pull of the same
+/// image from layers already in the store writes.
+#[test]
+fn a_layer_listed_twice_is_fetched_once_and_the_image_is_the_cached_one() {
+    let mut img = FakeImage::new();
+    let first = img.layers[0].clone();
+    img.layers.push(first);
+    let diff_ids: Vec<String> = img.layers.iter().map(|l| l.2.clone()).collect();
+    let mut config: serde_json::Value = serde_json::from_slice(&img.config).unwrap();
+    config["rootfs"]["diff_ids"] = serde_json::json!(diff_ids);
+    img.config = serde_json::to_vec(&config).unwrap();
+    img.config_digest = common::registry::sha256(&img.config);
+    img.rebuild_manifest(|_| {});
+    let served = img.clone();
+    let server = FakeServer::start(move |req| served.serve(req));
+    let dir = tempfile::tempdir().unwrap();
+    let store = cairn_store::Store::open(dir.path()).unwrap();
+    let r = ImageRef::parse(&img.reference(&server.addr)).unwrap();
+    let report = cairn_oci::pull(
+        &store,
+        &r,
+        &test_pull_options(),
+        &|_: &cairn_oci::PullEvent<'_>| {},
+    )
+    .unwrap();
+    let blob = format!("/v2/img/blobs/{}", img.layers[0].0);
+    assert_eq!(
+        server.count(|q| q.path == blob),
+        1,
+        "{:?}",
+        server.requests()
+    );
+    assert_eq!(report.layers.len(), 3);
+    assert!(report.layers[0].fetched && !report.layers[2].fetched);
+
+    // Every layer from the store now: the same image.
+    let again = cairn_oci::pull(
+        &store,
+        &r,
+        &test_pull_options(),
+        &|_: &cairn_oci::PullEvent<'_>| {},
+    )
+    .unwrap();
+    assert_eq!(again.bytes_fetched, 0);
+    assert_eq!(again.image_digest, report.image_digest);
+}
+
+/// A layer already in the store is read from its record, and the objects
+/// it names are looked up before the image is published: one that has gone
+/// missing fails the pull and publishes no image.
+#[test]
+fn a_cached_layer_whose_object_is_gone_fails_the_pull() {
+    let img = FakeImage::new();
+    let served = img.clone();
+    let server = FakeServer::start(move |req| served.serve(req));
+    let dir = tempfile::tempdir().unwrap();
+    let store = cairn_store::Store::open(dir.path()).unwrap();
+    let r = ImageRef::parse(&img.reference(&server.addr)).unwrap();
+    let report = cairn_oci::pull(
+        &store,
+        &r,
+        &test_pull_options(),
+        &|_: &cairn_oci::PullEvent<'_>| {},
+    )
+    .unwrap();
+    // Remove the image (so the next pull writes it again) and one object of
+    // the bottom layer.
+    std::fs::remove_file(dir.path().join("images").join(&report.image_digest)).unwrap();
+    let objects = store.layer_record_objects(&img.layers[0].2).unwrap();
+    let gone = objects.first().expect("the bottom layer has an object");
+    std::fs::remove_file(store.object_path(gone)).unwrap();
+
+    let err = cairn_oci::pull(
+        &store,
+        &r,
+        &test_pull_options(),
+        &|_: &cairn_oci::PullEvent<'_>| {},
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("object {gone} is missing")), "{msg}");
+    assert!(!store.has_image(&report.image_digest));
+}

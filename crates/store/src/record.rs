@@ -460,6 +460,13 @@ impl LayerRecordWriter {
         &mut self.entries
     }
 
+    /// The entries file opened again, read-only and at its start: what was
+    /// written to it so far, for a reader beside the writer.
+    pub fn open_entries(&self) -> Result<File, StoreError> {
+        let path = self.dir.join(LAYER_ENTRIES_FILE);
+        File::open(&path).map_err(|e| self.err("opening layer entries", &path, e))
+    }
+
     fn err(&self, op: &'static str, path: &Path, e: io::Error) -> StoreError {
         StoreError::io(op, path, self.staging.root(), e)
     }
