@@ -6,11 +6,12 @@
 //! type), or the registry's `Docker-Content-Digest`; the config's size and
 //! digest against the manifest; each layer blob's size by the blob reader
 //! and its digest and diff_id by the layer importer while it streams,
-//! before the layer becomes visible; the image is written from the layers'
-//! checked entries (while the last objects and records are published) and
-//! published only once every layer is in. Every digest is parsed (`cairn_spec::parse_digest`) before
-//! a URL is made from it. An interrupted pull leaves only `tmp/` debris, and the layers it
-//! finished are reused by the next one.
+//! before the layer becomes visible. The image is written from the layers'
+//! checked entries (while their last objects and records are published)
+//! and published only once every layer is in. Every digest is parsed
+//! (`cairn_spec::parse_digest`) before a URL is made from it. An
+//! interrupted pull leaves only `tmp/` debris, and the layers it finished
+//! are reused by the next one.
 //!
 //! This module owns the order of a pull and its concurrency (a few threads,
 //! one layer each at a time); it never parses tar and never writes to the
