@@ -11,8 +11,10 @@
 //! A pull writes the image earlier ([`StagedImage`]): from the entries of
 //! the layers it imports, as soon as each is checked, while their last
 //! objects and records are still being published. It publishes the image
-//! once they are. The objects of those layers are not looked up again:
-//! their import named or found each of them under the shared lock.
+//! once they are. When every layer was imported by the pull, no object is
+//! looked up again (each import named or found each of its objects under
+//! the shared lock); when any was in the store already, every object the
+//! image names is.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -311,10 +313,10 @@ impl<'a> StagedImage<'a> {
     /// A layer given by its entries must be one whose import has not
     /// failed by the time of `publish`: such a layer's objects are then in
     /// the store (its import named or found each of them, under the
-    /// store's shared lock, which the caller holds from that import on), so only
-    /// the objects of the image that come from records already in the
-    /// store are looked up. When every layer is given by its entries,
-    /// none is.
+    /// store's shared lock, which the caller holds from that import on).
+    /// So when every layer is given by its entries, no object is looked
+    /// up; when any is read from the store, every object the image names
+    /// is, as [`assemble_image`] does.
     pub fn stage(
         store: &'a Store,
         manifest_json: &'a [u8],
