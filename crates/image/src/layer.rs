@@ -285,8 +285,9 @@ pub fn import_layer_with(
             };
             for (jobs, done, free) in ends {
                 let flush = flush_tx.clone();
+                let chunks = q.reader.recycler();
                 spawn_named(s, "cairn-objects", move || {
-                    pipeline::object_worker(publisher, jobs, done, free, flush)
+                    pipeline::object_worker(publisher, jobs, done, free, chunks, flush)
                 })
                 .map_err(|e| thread_err("an object worker", e))?;
             }
@@ -610,6 +611,14 @@ impl crate::tar::DataSink<AddError> for ToWorkers<'_> {
     fn hole(&mut self, n: u64) -> Result<(), AddError> {
         self.0.hole(n);
         Ok(())
+    }
+
+    fn takes_lent(&self, n: usize) -> bool {
+        self.0.takes_lent(n)
+    }
+
+    fn lent(&mut self, piece: crate::tar::Lent) -> Result<(), AddError> {
+        self.0.lent(piece).map_err(worker_gone)
     }
 }
 

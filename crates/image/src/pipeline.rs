@@ -52,16 +52,23 @@
 //! the beginnings, ends and holes of each) travel in one buffer, so a
 //! thread is woken once per batch rather than once per file, and a small
 //! file costs no message of its own (nor is it split between two). The
-//! tar parser reads file data from the chunk straight into the batch, and
-//! the worker writes it to the object file from there: one copy between
-//! the decompressor's output and the object file. A batch goes to the next worker whose
+//! tar parser copies small pieces of file data (under [`LEND_MIN`]) from
+//! the chunk straight into the batch; larger pieces are lent: the batch
+//! holds a reference to the chunk and the piece's place in it, and the
+//! worker writes the object file from the chunk itself, so the data of
+//! large files is not copied between the decompressor's output and the
+//! object file at all. A chunk is reused once the parser and every worker
+//! are done with it. A batch goes to the next worker whose
 //! queue has room, so one big file (whose later batches must go to the
 //! worker that has its beginning) does not hold up the files after it
 //! while another worker is free.
 //!
 //! Every queue is bounded, so memory is too: at most [`CHUNK_QUEUE`] chunks
 //! between decompression and parsing and [`WORKER_QUEUE`] batches waiting
-//! for each object worker, whatever the layer. The record lines keep the
+//! for each object worker, whatever the layer. A batch carries at most
+//! [`BATCH_BYTES`] of data, copied or lent, and its lent pieces lie in at
+//! most [`BATCH_CHUNKS`] chunks: with 8 workers, the queued batches keep
+//! at most 8 x 9 x 3 chunks (54 MiB) alive. The record lines keep the
 //! order of the tar stream: a line whose object is still being written
 //! waits (with every line after it) until its worker reports the object's
 //! digest, so the record, the objects and the image are the same bytes as
@@ -159,7 +166,9 @@ pub(crate) struct ChunkReader {
     rx: Receiver<Chunk>,
     /// Where finished buffers go back for reuse.
     free: SyncSender<Vec<u8>>,
-    cur: Vec<u8>,
+    /// The chunk being read: shared with the object workers that were lent
+    /// pieces of it, and reused once the last of them is done with it.
+    cur: Arc<Vec<u8>>,
     pos: usize,
     /// How the stream failed, given again to every later read (as a
     /// decompressor would).
@@ -209,27 +218,8 @@ pub(crate) fn original(e: &io::Error) -> &io::Error {
 
 impl Read for ChunkReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if let Some(e) = &self.failed {
-            return Err(StreamError(Arc::clone(e)).to_io());
-        }
-        while self.pos == self.cur.len() {
-            match self.rx.recv() {
-                Ok(Chunk::Data(d)) => {
-                    self.hash.update(&d);
-                    let old = std::mem::replace(&mut self.cur, d);
-                    self.pos = 0;
-                    if old.capacity() == CHUNK {
-                        let _ = self.free.try_send(old);
-                    }
-                }
-                Ok(Chunk::Failed(e)) => {
-                    let e = Arc::new(e);
-                    self.failed = Some(Arc::clone(&e));
-                    return Err(StreamError(e).to_io());
-                }
-                // The sender is gone: the stream ended.
-                Err(_) => return Ok(0),
-            }
+        if !self.next_chunk()? {
+            return Ok(0);
         }
         let n = buf.len().min(self.cur.len() - self.pos);
         buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
@@ -238,9 +228,68 @@ impl Read for ChunkReader {
     }
 }
 
+impl ChunkReader {
+    /// Makes sure the current chunk has bytes left, receiving the next one
+    /// if not; false at the end of the stream.
+    fn next_chunk(&mut self) -> io::Result<bool> {
+        if let Some(e) = &self.failed {
+            return Err(StreamError(Arc::clone(e)).to_io());
+        }
+        while self.pos == self.cur.len() {
+            match self.rx.recv() {
+                Ok(Chunk::Data(d)) => {
+                    self.hash.update(&d);
+                    let old = std::mem::replace(&mut self.cur, Arc::new(d));
+                    self.pos = 0;
+                    recycle(old, &self.free);
+                }
+                Ok(Chunk::Failed(e)) => {
+                    let e = Arc::new(e);
+                    self.failed = Some(Arc::clone(&e));
+                    return Err(StreamError(e).to_io());
+                }
+                // The sender is gone: the stream ended.
+                Err(_) => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Where the object workers give back the chunks they were lent
+    /// pieces of.
+    pub(crate) fn recycler(&self) -> SyncSender<Vec<u8>> {
+        self.free.clone()
+    }
+}
+
+/// Gives a chunk buffer back for reuse if this was its last holder (and
+/// the queue has room; otherwise it is freed).
+pub(crate) fn recycle(chunk: Arc<Vec<u8>>, free: &SyncSender<Vec<u8>>) {
+    if let Some(buf) = Arc::into_inner(chunk) {
+        if buf.capacity() == CHUNK {
+            let _ = free.try_send(buf);
+        }
+    }
+}
+
 /// The tar parser reads the chunks straight, each 256 KiB chunk being
-/// buffer enough.
-impl crate::tar::TarSource for ChunkReader {}
+/// buffer enough, and lends file data from them.
+impl crate::tar::TarSource for ChunkReader {
+    fn lend(&mut self, max: usize) -> io::Result<crate::tar::Lend> {
+        use crate::tar::{Lend, Lent};
+        if !self.next_chunk()? {
+            return Ok(Lend::End);
+        }
+        let len = max.min(self.cur.len() - self.pos);
+        let piece = Lent {
+            buf: Arc::clone(&self.cur),
+            start: self.pos,
+            len,
+        };
+        self.pos += len;
+        Ok(Lend::Bytes(piece))
+    }
+}
 
 /// Fills `buf` from `r` as far as it goes; the bytes read (0 at the end).
 fn fill(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
@@ -322,7 +371,7 @@ pub(crate) fn stream_queues() -> StreamQueues {
         reader: ChunkReader {
             rx,
             free: free_tx,
-            cur: Vec::new(),
+            cur: Arc::new(Vec::new()),
             pos: 0,
             failed: None,
             hash: Sha256::new(),
@@ -335,6 +384,13 @@ pub(crate) fn stream_queues() -> StreamQueues {
 pub(crate) const BATCH_BYTES: usize = 256 * 1024;
 /// Most files one [`Batch`] ends.
 pub(crate) const BATCH_FILES: usize = 64;
+/// Smallest piece of file data lent to a worker in the decompressor's
+/// chunk rather than copied into its batch.
+pub(crate) const LEND_MIN: usize = 4 * 1024;
+/// Most chunks the lent pieces of one [`Batch`] may be in, so that what
+/// the queued batches keep alive stays bounded (3 x 256 KiB each) however
+/// far apart in the stream a layer puts its large files.
+pub(crate) const BATCH_CHUNKS: usize = 3;
 
 /// One step of a [`Batch`].
 #[derive(Debug, Clone, Copy)]
@@ -345,6 +401,8 @@ pub(crate) enum Op {
     Data(usize),
     /// A hole (zeros) of this many bytes.
     Hole(u64),
+    /// The batch's next lent piece is the object's next data.
+    Lent,
     /// The object is complete.
     End,
 }
@@ -361,13 +419,25 @@ pub(crate) struct Batch {
     data: Vec<u8>,
     /// Bytes of `data` in use.
     len: usize,
+    /// Pieces of file data lent from the decompressor's chunks (larger
+    /// pieces, which are not copied into `data`), in order.
+    lent: Vec<crate::tar::Lent>,
+    /// Their bytes.
+    lent_len: usize,
+    /// The chunks they are in (at most [`BATCH_CHUNKS`]).
+    chunks: usize,
     /// Files the batch ends.
     files: usize,
 }
 
 impl Batch {
+    /// File data the batch carries, copied or lent.
+    fn bytes(&self) -> usize {
+        self.len + self.lent_len
+    }
+
     fn is_full(&self) -> bool {
-        self.len >= BATCH_BYTES || self.files >= BATCH_FILES
+        self.bytes() >= BATCH_BYTES || self.files >= BATCH_FILES
     }
 
     /// Whether its first step continues an object begun in an earlier
@@ -388,6 +458,7 @@ pub(crate) fn object_worker(
     jobs: Receiver<Batch>,
     done: mpsc::Sender<Vec<Done>>,
     free: SyncSender<Batch>,
+    chunks: SyncSender<Vec<u8>>,
     flush: SyncSender<()>,
 ) {
     // Its own staging directory, so that the workers' file creations do
@@ -399,6 +470,7 @@ pub(crate) fn object_worker(
     while let Ok(mut batch) = jobs.recv() {
         let mut results = Vec::new();
         let mut off = 0;
+        let mut lent = batch.lent.drain(..);
         for op in batch.ops.drain(..) {
             match op {
                 Op::Begin(seq) => {
@@ -413,6 +485,16 @@ pub(crate) fn object_worker(
                             current = Some((*seq, Err(e)));
                         }
                     }
+                }
+                Op::Lent => {
+                    let piece = lent.next().expect("a lent piece for each Op::Lent");
+                    unflushed += piece.len;
+                    if let Some((seq, Ok(s))) = &mut current {
+                        if let Err(e) = s.write(piece.bytes()) {
+                            current = Some((*seq, Err(e)));
+                        }
+                    }
+                    recycle(piece.buf, &chunks);
                 }
                 Op::Hole(n) => {
                     if let Some((seq, Ok(s))) = &mut current {
@@ -439,7 +521,10 @@ pub(crate) fn object_worker(
             let _ = flush.try_send(());
             unflushed = 0;
         }
+        drop(lent);
         batch.len = 0;
+        batch.lent_len = 0;
+        batch.chunks = 0;
         batch.files = 0;
         let _ = free.try_send(batch);
     }
@@ -512,7 +597,8 @@ impl Objects {
     /// Starts a new object of `size` bytes (data and holes); its number.
     /// An object that fits in a batch is not split between two.
     pub(crate) fn begin(&mut self, size: u64) -> Result<u64, WorkerGone> {
-        if self.cur.is_full() || (self.cur.len as u64).saturating_add(size) > BATCH_BYTES as u64 {
+        if self.cur.is_full() || (self.cur.bytes() as u64).saturating_add(size) > BATCH_BYTES as u64
+        {
             self.send()?;
         }
         let seq = self.next_seq;
@@ -525,14 +611,44 @@ impl Objects {
     /// last (handing a full batch on first); [`filled`](Self::filled)
     /// says how much of it was used.
     pub(crate) fn room(&mut self, want: usize) -> Result<&mut [u8], WorkerGone> {
-        if self.cur.len >= BATCH_BYTES {
+        if self.cur.bytes() >= BATCH_BYTES {
             self.send()?;
         }
         if self.cur.data.len() < BATCH_BYTES {
             self.cur.data.resize(BATCH_BYTES, 0);
         }
-        let end = self.cur.len + want.min(BATCH_BYTES - self.cur.len);
+        let end = self.cur.len + want.min(BATCH_BYTES - self.cur.bytes());
         Ok(&mut self.cur.data[self.cur.len..end])
+    }
+
+    /// Whether a piece of `n` bytes is lent rather than copied: from
+    /// [`LEND_MIN`] on. Smaller pieces (most files are small) are copied,
+    /// as a lent piece holds its whole chunk until the worker has written
+    /// it.
+    pub(crate) fn takes_lent(&self, n: usize) -> bool {
+        n >= LEND_MIN
+    }
+
+    /// The object begun last continues with `piece` (handing a full batch
+    /// on first).
+    pub(crate) fn lent(&mut self, piece: crate::tar::Lent) -> Result<(), WorkerGone> {
+        let mut new_chunk = self
+            .cur
+            .lent
+            .last()
+            .is_none_or(|l| !Arc::ptr_eq(&l.buf, &piece.buf));
+        if self.cur.bytes() >= BATCH_BYTES || (new_chunk && self.cur.chunks >= BATCH_CHUNKS) {
+            self.send()?;
+            // A fresh batch: the piece's chunk is its first.
+            new_chunk = true;
+        }
+        if new_chunk {
+            self.cur.chunks += 1;
+        }
+        self.cur.lent_len += piece.len;
+        self.cur.lent.push(piece);
+        self.cur.ops.push(Op::Lent);
+        Ok(())
     }
 
     /// The first `n` bytes of the last [`room`](Self::room) are the
@@ -616,3 +732,67 @@ impl Objects {
 /// An object worker stopped before its queue was closed.
 #[derive(Debug)]
 pub(crate) struct WorkerGone;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tar::Lent;
+
+    fn piece(fill: u8, len: usize) -> Lent {
+        Lent {
+            buf: Arc::new(vec![fill; len]),
+            start: 0,
+            len,
+        }
+    }
+
+    #[test]
+    fn a_batch_holds_lent_pieces_of_at_most_batch_chunks_chunks() {
+        let (mut objects, mut ends) = Objects::new(1);
+        let (jobs, _done, _free) = ends.pop().unwrap();
+        objects.begin(4 * 20_000).unwrap();
+        for i in 0..4 {
+            objects.lent(piece(i, 20_000)).unwrap();
+        }
+        let first = jobs.try_recv().expect("the fourth chunk sent the batch on");
+        assert_eq!(first.chunks, BATCH_CHUNKS);
+        assert_eq!(first.lent.len(), BATCH_CHUNKS);
+        assert_eq!(first.lent_len, 3 * 20_000);
+        assert!(jobs.try_recv().is_err(), "one batch only so far");
+        // Two pieces of one chunk count once.
+        let shared = piece(9, 40_000);
+        let (a, b) = (
+            Lent {
+                len: 20_000,
+                ..shared.clone()
+            },
+            Lent {
+                start: 20_000,
+                len: 20_000,
+                ..shared
+            },
+        );
+        objects.lent(a).unwrap();
+        objects.lent(b).unwrap();
+        assert_eq!(objects.cur.chunks, 2);
+        assert_eq!(objects.cur.lent_len, 60_000);
+        // A full batch goes on even when the next piece is of a chunk it
+        // has: that chunk is the new batch's first.
+        objects.cur.len = BATCH_BYTES - objects.cur.lent_len;
+        let last = objects.cur.lent.last().unwrap().clone();
+        objects.lent(Lent { len: 1, ..last }).unwrap();
+        assert!(jobs.try_recv().is_ok(), "the full batch went on");
+        assert_eq!(objects.cur.chunks, 1);
+    }
+
+    #[test]
+    fn a_chunk_goes_back_for_reuse_once_its_last_holder_is_done() {
+        let (free_tx, free_rx) = mpsc::sync_channel(2);
+        let chunk = Arc::new(vec![0u8; CHUNK]);
+        let lent = Arc::clone(&chunk);
+        recycle(chunk, &free_tx);
+        assert!(free_rx.try_recv().is_err(), "still lent");
+        recycle(lent, &free_tx);
+        assert_eq!(free_rx.try_recv().unwrap().capacity(), CHUNK);
+    }
+}

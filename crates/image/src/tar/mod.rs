@@ -60,6 +60,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
+use std::sync::Arc;
 
 use cairn_erofs::tree::Mtime;
 
@@ -182,7 +183,8 @@ pub(crate) struct TarEntry {
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
-/// A source of archive bytes that may skip cheaply.
+/// A source of archive bytes that may skip cheaply, and may lend the next
+/// bytes from a shared buffer instead of copying them.
 pub(crate) trait TarSource: Read {
     /// Skips `n` bytes; an early end is `UnexpectedEof`.
     fn skip(&mut self, n: u64) -> io::Result<()> {
@@ -192,9 +194,42 @@ pub(crate) trait TarSource: Read {
         }
         Ok(())
     }
+
+    /// Up to `max` (at least 1) of the next bytes, consumed, in the buffer
+    /// they arrived in (the parallel import's chunks); by default the
+    /// source only copies.
+    fn lend(&mut self, _max: usize) -> io::Result<Lend> {
+        Ok(Lend::Unsupported)
+    }
 }
 
 impl<R: Read> TarSource for io::BufReader<R> {}
+
+/// Stream bytes lent in the buffer they arrived in, instead of copied out
+/// of it: `buf[start..start + len]`. Holding it keeps the buffer from
+/// being reused.
+#[derive(Debug, Clone)]
+pub(crate) struct Lent {
+    pub buf: Arc<Vec<u8>>,
+    pub start: usize,
+    pub len: usize,
+}
+
+impl Lent {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// What [`TarSource::lend`] gave.
+pub(crate) enum Lend {
+    /// The next bytes (at least one).
+    Bytes(Lent),
+    /// The stream has ended.
+    End,
+    /// This source only copies: use `read`.
+    Unsupported,
+}
 
 /// Where [`TarReader::copy_data_into`] puts an entry's data.
 pub(crate) trait DataSink<E> {
@@ -205,6 +240,15 @@ pub(crate) trait DataSink<E> {
     fn filled(&mut self, n: usize) -> Result<(), E>;
     /// `n` zero bytes (a hole of a sparse file).
     fn hole(&mut self, n: u64) -> Result<(), E>;
+    /// Whether the sink takes pieces of at least `n` bytes as they are
+    /// lent ([`lent`](Self::lent)) rather than copied into its room.
+    fn takes_lent(&self, _n: usize) -> bool {
+        false
+    }
+    /// The entry's next data, lent.
+    fn lent(&mut self, _piece: Lent) -> Result<(), E> {
+        unreachable!("lent() called on a sink that takes no lent pieces")
+    }
 }
 
 /// [`TarReader::copy_data`]'s sink: one buffer, each piece handed on.
@@ -760,21 +804,32 @@ impl<R: TarSource> TarReader<R> {
             }
             let mut left = len;
             while left > 0 {
-                let room = sink.room(usize::try_from(left).unwrap_or(usize::MAX))?;
+                let want = usize::try_from(left).unwrap_or(usize::MAX);
+                if sink.takes_lent(want) {
+                    match self.r.lend(want) {
+                        Ok(Lend::Bytes(piece)) => {
+                            let got = piece.len;
+                            self.pos += got as u64;
+                            self.pending -= got as u64;
+                            left -= got as u64;
+                            sink.lent(piece)?;
+                            continue;
+                        }
+                        Ok(Lend::End) => return Err(self.cut_short(entry, left).into()),
+                        Ok(Lend::Unsupported) => {}
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            return Err(TarError::new(self.pos, TarErrorKind::Read(e))
+                                .with_entry(&entry.path)
+                                .into())
+                        }
+                    }
+                }
+                let room = sink.room(want)?;
                 debug_assert!(!room.is_empty(), "DataSink::room gave no room");
                 let n = left.min(room.len() as u64) as usize;
                 let got = match self.r.read(&mut room[..n]) {
-                    Ok(0) => {
-                        return Err(TarError::new(
-                            self.pos,
-                            TarErrorKind::Truncated(format!(
-                                "the archive ends inside the entry's data ({} of {} bytes missing)",
-                                left, entry.stored
-                            )),
-                        )
-                        .with_entry(&entry.path)
-                        .into())
-                    }
+                    Ok(0) => return Err(self.cut_short(entry, left).into()),
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
@@ -794,6 +849,19 @@ impl<R: TarSource> TarReader<R> {
             sink.hole(entry.size - cur)?;
         }
         Ok(())
+    }
+
+    /// The error of a stream that ends with `left` bytes of `entry`'s data
+    /// missing.
+    fn cut_short(&self, entry: &TarEntry, left: u64) -> TarError {
+        TarError::new(
+            self.pos,
+            TarErrorKind::Truncated(format!(
+                "the archive ends inside the entry's data ({} of {} bytes missing)",
+                left, entry.stored
+            )),
+        )
+        .with_entry(&entry.path)
     }
 
     /// Reads everything left in the stream (after the end-of-archive
