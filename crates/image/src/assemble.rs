@@ -234,43 +234,16 @@ pub fn assemble_image_from(
     name: Option<&str>,
     source: Option<&str>,
 ) -> Result<ImportedImage, LayerError> {
-    let (manifest, config) = parse_image(manifest_json, config_json)?;
-    let ref_name = checked_ref_name(name)?;
-    let lock = store
-        .lock_shared()
-        .map_err(LayerError::store("locking the store"))?;
-    let diff_ids = config.rootfs.as_ref().map_or(&[][..], |r| &r.diff_ids);
-    let tree = build_image_tree(store, diff_ids)?;
-    // The objects are looked up (a listing of each fan-out directory the
-    // image uses: a tenth of a second for the Linux tree's 78,600) while
-    // the image is written; both only read the tree. The image is
-    // published only once every object it names is known to be there.
-    let (checked, staged) = std::thread::scope(|s| {
-        let check = s.spawn(|| check_objects(store, &tree));
-        let staged = stage_image(store, &tree);
-        let checked = check
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        (checked, staged)
-    });
-    checked?;
-    let (writer, image_size) = staged?;
-    let staged = StagedImage {
+    StagedImage::write(
         store,
-        _lock: lock,
         manifest_json,
         config_json,
-        manifest,
-        config,
-        name: name.map(str::to_owned),
-        ref_name,
-        source: source.map(str::to_owned),
-        content_size: content_size(&tree),
-        tree: None,
-        writer,
-        image_size,
-    };
-    staged.publish()
+        name,
+        source,
+        Vec::new(),
+        true,
+    )?
+    .publish()
 }
 
 fn checked_ref_name(name: Option<&str>) -> Result<Option<String>, LayerError> {
@@ -325,6 +298,30 @@ impl<'a> StagedImage<'a> {
         source: Option<&str>,
         entries: Vec<Option<File>>,
     ) -> Result<StagedImage<'a>, LayerError> {
+        Self::write(
+            store,
+            manifest_json,
+            config_json,
+            name,
+            source,
+            entries,
+            false,
+        )
+    }
+
+    /// [`stage`](Self::stage); with `check_now`, the objects are looked
+    /// up while the image is written (a listing of each fan-out directory
+    /// the image uses: a tenth of a second for the Linux tree's 78,600),
+    /// both only reading the tree, instead of at [`publish`](Self::publish).
+    fn write(
+        store: &'a Store,
+        manifest_json: &'a [u8],
+        config_json: &'a [u8],
+        name: Option<&str>,
+        source: Option<&str>,
+        entries: Vec<Option<File>>,
+        check_now: bool,
+    ) -> Result<StagedImage<'a>, LayerError> {
         let (manifest, config) = parse_image(manifest_json, config_json)?;
         let ref_name = checked_ref_name(name)?;
         let lock = store
@@ -333,7 +330,23 @@ impl<'a> StagedImage<'a> {
         let diff_ids = config.rootfs.as_ref().map_or(&[][..], |r| &r.diff_ids);
         let from_store = (0..diff_ids.len()).any(|i| !matches!(entries.get(i), Some(Some(_))));
         let tree = build_tree_from(store, diff_ids, entries)?;
-        let (writer, image_size) = stage_image(store, &tree)?;
+        let content_size = content_size(&tree);
+        let (writer, image_size, tree) = if check_now {
+            let (checked, staged) = std::thread::scope(|s| {
+                let check = s.spawn(|| check_objects(store, &tree));
+                let staged = stage_image(store, &tree);
+                let checked = check
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (checked, staged)
+            });
+            checked?;
+            let (writer, image_size) = staged?;
+            (writer, image_size, None)
+        } else {
+            let (writer, image_size) = stage_image(store, &tree)?;
+            (writer, image_size, from_store.then_some(tree))
+        };
         Ok(StagedImage {
             store,
             _lock: lock,
@@ -344,8 +357,8 @@ impl<'a> StagedImage<'a> {
             name: name.map(str::to_owned),
             ref_name,
             source: source.map(str::to_owned),
-            content_size: content_size(&tree),
-            tree: from_store.then_some(tree),
+            content_size,
+            tree,
             writer,
             image_size,
         })

@@ -414,6 +414,17 @@ pub fn pull(
         let d = &resolved.layers[i].diff_id;
         resolved.layers.iter().filter(|l| &l.diff_id == d).count() == 1
     });
+    let stage = |entries| {
+        observer.event(&PullEvent::Assembling);
+        cairn_image::StagedImage::stage(
+            store,
+            &resolved.manifest_bytes,
+            &resolved.config_bytes,
+            opts.name.as_deref(),
+            Some(&source),
+            entries,
+        )
+    };
     let (checked_tx, checked_rx) = mpsc::channel::<(usize, Option<File>)>();
     let (fetched_layers, staged) = std::thread::scope(|s| {
         // The sender goes with the fetcher: once it has ended, the
@@ -430,38 +441,16 @@ pub fn pull(
             entries[index] = file;
             waiting -= 1;
         }
-        let staged = (overlap && waiting == 0).then(|| {
-            observer.event(&PullEvent::Assembling);
-            cairn_image::StagedImage::stage(
-                store,
-                &resolved.manifest_bytes,
-                &resolved.config_bytes,
-                opts.name.as_deref(),
-                Some(&source),
-                entries,
-            )
-        });
+        let staged = (overlap && waiting == 0).then(|| stage(entries));
         let fetched_layers = fetcher
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (fetched_layers, staged)
     });
     fetched_layers?;
-    let staged = match staged {
-        Some(staged) => staged,
-        None => {
-            observer.event(&PullEvent::Assembling);
-            cairn_image::StagedImage::stage(
-                store,
-                &resolved.manifest_bytes,
-                &resolved.config_bytes,
-                opts.name.as_deref(),
-                Some(&source),
-                Vec::new(),
-            )
-        }
-    }
-    .map_err(assemble_err)?;
+    let staged = staged
+        .unwrap_or_else(|| stage(Vec::new()))
+        .map_err(assemble_err)?;
     let image = staged.publish().map_err(assemble_err)?;
     let layers = resolved
         .layers

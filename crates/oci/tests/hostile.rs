@@ -1123,6 +1123,40 @@ fn full_pull_with_bearer_auth_then_all_cached() {
     assert_eq!(ev, ["assembling", "cached 0", "cached 1", "resolved"]);
 }
 
+/// Serves `img` and opens an empty store: what the two tests below pull
+/// with (`pull` pulls `img` quietly).
+struct Served {
+    server: FakeServer,
+    dir: tempfile::TempDir,
+    store: cairn_store::Store,
+    reference: ImageRef,
+}
+
+impl Served {
+    fn new(img: &FakeImage) -> Served {
+        let served = img.clone();
+        let server = FakeServer::start(move |req| served.serve(req));
+        let dir = tempfile::tempdir().unwrap();
+        let store = cairn_store::Store::open(dir.path()).unwrap();
+        let reference = ImageRef::parse(&img.reference(&server.addr)).unwrap();
+        Served {
+            server,
+            dir,
+            store,
+            reference,
+        }
+    }
+
+    fn pull(&self) -> Result<cairn_oci::PullReport, cairn_oci::PullError> {
+        cairn_oci::pull(
+            &self.store,
+            &self.reference,
+            &test_pull_options(),
+            &|_: &cairn_oci::PullEvent<'_>| {},
+        )
+    }
+}
+
 /// A manifest may list one layer twice (a layer that undoes a change and
 /// one that redoes it, say). The pull fetches it once; the image, written
 /// while layers are still being published, is the one a pull of the same
@@ -1138,36 +1172,20 @@ fn a_layer_listed_twice_is_fetched_once_and_the_image_is_the_cached_one() {
     img.config = serde_json::to_vec(&config).unwrap();
     img.config_digest = common::registry::sha256(&img.config);
     img.rebuild_manifest(|_| {});
-    let served = img.clone();
-    let server = FakeServer::start(move |req| served.serve(req));
-    let dir = tempfile::tempdir().unwrap();
-    let store = cairn_store::Store::open(dir.path()).unwrap();
-    let r = ImageRef::parse(&img.reference(&server.addr)).unwrap();
-    let report = cairn_oci::pull(
-        &store,
-        &r,
-        &test_pull_options(),
-        &|_: &cairn_oci::PullEvent<'_>| {},
-    )
-    .unwrap();
+    let s = Served::new(&img);
+    let report = s.pull().unwrap();
     let blob = format!("/v2/img/blobs/{}", img.layers[0].0);
     assert_eq!(
-        server.count(|q| q.path == blob),
+        s.server.count(|q| q.path == blob),
         1,
         "{:?}",
-        server.requests()
+        s.server.requests()
     );
     assert_eq!(report.layers.len(), 3);
     assert!(report.layers[0].fetched && !report.layers[2].fetched);
 
     // Every layer from the store now: the same image.
-    let again = cairn_oci::pull(
-        &store,
-        &r,
-        &test_pull_options(),
-        &|_: &cairn_oci::PullEvent<'_>| {},
-    )
-    .unwrap();
+    let again = s.pull().unwrap();
     assert_eq!(again.bytes_fetched, 0);
     assert_eq!(again.image_digest, report.image_digest);
 }
@@ -1178,33 +1196,17 @@ fn a_layer_listed_twice_is_fetched_once_and_the_image_is_the_cached_one() {
 #[test]
 fn a_cached_layer_whose_object_is_gone_fails_the_pull() {
     let img = FakeImage::new();
-    let served = img.clone();
-    let server = FakeServer::start(move |req| served.serve(req));
-    let dir = tempfile::tempdir().unwrap();
-    let store = cairn_store::Store::open(dir.path()).unwrap();
-    let r = ImageRef::parse(&img.reference(&server.addr)).unwrap();
-    let report = cairn_oci::pull(
-        &store,
-        &r,
-        &test_pull_options(),
-        &|_: &cairn_oci::PullEvent<'_>| {},
-    )
-    .unwrap();
+    let s = Served::new(&img);
+    let report = s.pull().unwrap();
     // Remove the image (so the next pull writes it again) and one object of
     // the bottom layer.
-    std::fs::remove_file(dir.path().join("images").join(&report.image_digest)).unwrap();
-    let objects = store.layer_record_objects(&img.layers[0].2).unwrap();
+    std::fs::remove_file(s.dir.path().join("images").join(&report.image_digest)).unwrap();
+    let objects = s.store.layer_record_objects(&img.layers[0].2).unwrap();
     let gone = objects.first().expect("the bottom layer has an object");
-    std::fs::remove_file(store.object_path(gone)).unwrap();
+    std::fs::remove_file(s.store.object_path(gone)).unwrap();
 
-    let err = cairn_oci::pull(
-        &store,
-        &r,
-        &test_pull_options(),
-        &|_: &cairn_oci::PullEvent<'_>| {},
-    )
-    .unwrap_err();
+    let err = s.pull().unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains(&format!("object {gone} is missing")), "{msg}");
-    assert!(!store.has_image(&report.image_digest));
+    assert!(!s.store.has_image(&report.image_digest));
 }
