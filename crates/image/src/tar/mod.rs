@@ -245,9 +245,18 @@ pub(crate) trait DataSink<E> {
     fn takes_lent(&self, _n: usize) -> bool {
         false
     }
-    /// The entry's next data, lent.
-    fn lent(&mut self, _piece: Lent) -> Result<(), E> {
-        unreachable!("lent() called on a sink that takes no lent pieces")
+    /// The entry's next data, lent. By default it is copied into the
+    /// sink's room, as if read.
+    fn lent(&mut self, piece: Lent) -> Result<(), E> {
+        let mut bytes = piece.bytes();
+        while !bytes.is_empty() {
+            let room = self.room(bytes.len())?;
+            let n = room.len().min(bytes.len());
+            room[..n].copy_from_slice(&bytes[..n]);
+            self.filled(n)?;
+            bytes = &bytes[n..];
+        }
+        Ok(())
     }
 }
 
@@ -933,4 +942,38 @@ fn show_type(t: u8) -> String {
 
 pub(crate) fn id32(v: u64, what: &str) -> Result<u32, String> {
     u32::try_from(v).map_err(|_| format!("{what} {v} does not fit in 32 bits"))
+}
+
+#[cfg(test)]
+mod lent_tests {
+    use super::*;
+
+    /// A sink with a small room and no lending of its own.
+    struct Small(Vec<u8>, [u8; 3]);
+
+    impl DataSink<()> for Small {
+        fn room(&mut self, want: usize) -> Result<&mut [u8], ()> {
+            let n = want.min(self.1.len());
+            Ok(&mut self.1[..n])
+        }
+        fn filled(&mut self, n: usize) -> Result<(), ()> {
+            self.0.extend_from_slice(&self.1[..n]);
+            Ok(())
+        }
+        fn hole(&mut self, _n: u64) -> Result<(), ()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_sink_that_takes_no_lent_pieces_gets_them_copied() {
+        let mut sink = Small(Vec::new(), [0; 3]);
+        let piece = Lent {
+            buf: Arc::new(b"0123456789".to_vec()),
+            start: 2,
+            len: 7,
+        };
+        sink.lent(piece).unwrap();
+        assert_eq!(sink.0, b"2345678");
+    }
 }
