@@ -933,6 +933,13 @@ impl Work {
         write_layout(&layout, layers);
         let reference = run_umoci(&layout, &bundle);
         let ours = run_cairn(&layout, &store, &mnt);
+        if std::env::var_os("CAIRN_DIFF_VERBOSE").is_some() {
+            eprintln!(
+                "  umoci {}\n  cairn {}",
+                reference.summary(),
+                ours.summary()
+            );
+        }
         for d in [&layout, &bundle, &store] {
             let _ = fs::remove_dir_all(d);
         }
@@ -1473,6 +1480,47 @@ fn fixed_cases() -> Vec<(&'static str, Vec<Layer>)> {
             &[
                 L(&[file("a", "a")]),
                 L(&[dir("./").mode(0o1777), file("./", "")]),
+            ],
+        ),
+        case(
+            "a whiteout in the bottom layer through a symlink of that layer",
+            &[L(&[
+                dir("usr/lib"),
+                file("usr/lib/a", "a"),
+                sym("lib", "usr/lib"),
+                wh("lib/a"),
+                file("lib/b", "b"),
+            ])],
+        ),
+        case(
+            "a whiteout in the bottom layer through a symlink, before the file it names",
+            &[L(&[
+                sym("lib", "usr/lib"),
+                wh("lib/a"),
+                dir("usr/lib"),
+                file("usr/lib/a", "a"),
+            ])],
+        ),
+        case(
+            "an opaque marker in the bottom layer through a symlink to a directory",
+            &[L(&[
+                dir("usr/lib"),
+                file("usr/lib/a", "a"),
+                sym("lib", "usr/lib"),
+                opq("lib"),
+                file("usr/lib/b", "b"),
+            ])],
+        ),
+        case(
+            "a whiteout of a symlink itself, in the bottom layer and above",
+            &[
+                L(&[
+                    dir("usr/lib"),
+                    sym("lib", "usr/lib"),
+                    sym("l2", "lib"),
+                    wh("l2"),
+                ]),
+                L(&[wh("lib"), file("usr/lib/c", "c")]),
             ],
         ),
         case(
