@@ -50,11 +50,11 @@ use cairn_store::Store;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::assemble::{assemble_image_from, now_rfc3339, ImportedImage};
+use crate::assemble::{now_rfc3339, ImportedImage, StagedImage};
 use crate::entry::clean_path;
 use crate::export::TarContents;
-use crate::layer::{import_layer, LayerInfo, Limits};
-use crate::layer_jobs::{first_of_each, import_each, Cancellable, DEFAULT_LAYER_JOBS};
+use crate::layer::{import_layer_with, CheckedLayer, LayerInfo, Limits};
+use crate::layer_jobs::{first_of_each, import_each_staged, Cancellable, DEFAULT_LAYER_JOBS};
 use crate::scan::{scan_dir, ScanOptions};
 use crate::tar::{EntryKind, TarLimits, TarReader, TarSource};
 use crate::LayerError;
@@ -368,26 +368,6 @@ pub fn import_oci_layout(
             Err(e) => return Err(e),
         });
     }
-    // Several layers at once, as a pull does; a repeated layer once.
-    let first = first_of_each(&diff_ids[..layer_descs.len().min(diff_ids.len())]);
-    let infos = import_each(blobs.len(), opts.layer_jobs(), |i, cancel| {
-        let (Some(file), true) = (&blobs[i], first[i]) else {
-            return Ok(None);
-        };
-        let desc = &layer_descs[i];
-        import_layer(
-            store,
-            BufReader::with_capacity(
-                1 << 20,
-                Cancellable::new(Read::take(file, desc.size), cancel),
-            ),
-            Some(&desc.media_type),
-            Some(&desc.digest),
-            Some(&diff_ids[i]),
-            &opts.limits,
-        )
-        .map(Some)
-    })?;
     let name = opts.name.clone().or_else(|| match tag {
         Some(t) => Some(t.to_owned()),
         None => dir
@@ -395,10 +375,52 @@ pub fn import_oci_layout(
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())),
     });
-    let mut image = assemble_image_from(store, &manifest, &config, name.as_deref(), Some(&what))?;
+    // Several layers at once, as a pull does; a repeated layer once. The
+    // image is written as the layers are checked, as a pull writes it.
+    let first = first_of_each(&diff_ids[..layer_descs.len().min(diff_ids.len())]);
+    let (infos, staged) = import_each_staged(
+        blobs.len(),
+        opts.layer_jobs(),
+        first.iter().all(|&f| f),
+        |i, cancel, checked| {
+            let (Some(file), true) = (&blobs[i], first[i]) else {
+                return Ok(None);
+            };
+            let desc = &layer_descs[i];
+            import_layer_with(
+                store,
+                BufReader::with_capacity(
+                    1 << 20,
+                    Cancellable::new(Read::take(file, desc.size), cancel),
+                ),
+                Some(&desc.media_type),
+                Some(&desc.digest),
+                Some(&diff_ids[i]),
+                &opts.limits,
+                checked,
+            )
+            .map(Some)
+        },
+        &mut |layers| {
+            StagedImage::stage(
+                store,
+                &manifest,
+                &config,
+                name.as_deref(),
+                Some(&what),
+                entries_of(layers),
+            )
+        },
+    )?;
+    let mut image = staged.publish()?;
     mark_fresh(&mut image.layers, &infos);
     image.name = name;
     Ok(image)
+}
+
+/// The entries files of the layers handed over by their imports.
+fn entries_of(layers: Vec<Option<CheckedLayer>>) -> Vec<Option<File>> {
+    layers.into_iter().map(|l| l.map(|l| l.entries)).collect()
 }
 
 /// Marks the layers imported just now (the others came from the cache).
@@ -766,65 +788,6 @@ pub fn import_docker_archive(
             ),
         ));
     }
-    // Each layer member read from its own offset, several at once as a
-    // pull does; a repeated layer once.
-    let first = first_of_each(&diff_ids);
-    let infos = import_each(layer_names.len(), opts.layer_jobs(), |i, cancel| {
-        let (lname, diff_id) = (layer_names[i], &diff_ids[i]);
-        if !first[i] || crate::layer::has_layer(store, diff_id) {
-            return Ok(None);
-        }
-        let m = find(lname)?;
-        let mut f = open()?;
-        f.seek(SeekFrom::Start(m.offset))
-            .map_err(|e| archive_err(&what, format!("{lname}: {e}")))?;
-        let reader = BufReader::with_capacity(1 << 20, Cancellable::new(f.take(m.size), cancel));
-        import_layer(
-            store,
-            reader,
-            None,
-            layer_named[i].as_deref(),
-            Some(diff_id),
-            &opts.limits,
-        )
-        .map(Some)
-        .map_err(|e| {
-            // Say which member; a read error (of the archive file, not
-            // of its data) stays what it is.
-            if matches!(e, LayerError::Read { .. }) {
-                e
-            } else {
-                archive_err(&what, format!("layer {lname:?}: {e}"))
-            }
-        })
-    })?;
-    let mut descriptors = Vec::new();
-    for (info, diff_id) in infos.iter().zip(&diff_ids) {
-        let size = match info {
-            Some(i) => i.size,
-            None => store
-                .layer_record(diff_id)
-                .map_err(LayerError::store(format!("reading layer {diff_id}")))?
-                .map(|r| r.size)
-                .unwrap_or(0),
-        };
-        descriptors.push(json!({
-            "mediaType": mt::OCI_LAYER_TAR,
-            "digest": diff_id,
-            "size": size,
-        }));
-    }
-    let oci_manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": mt::OCI_MANIFEST,
-        "config": {
-            "mediaType": mt::OCI_CONFIG,
-            "digest": sha256_digest(&config),
-            "size": config.len(),
-        },
-        "layers": descriptors,
-    }))
-    .expect("JSON values serialise");
     let name = opts.name.clone().or_else(|| {
         image
             .get("RepoTags")
@@ -833,8 +796,90 @@ pub fn import_docker_archive(
             .and_then(Value::as_str)
             .map(str::to_owned)
     });
-    let mut result =
-        assemble_image_from(store, &oci_manifest, &config, name.as_deref(), Some(&what))?;
+    // The archive has no OCI manifest: cairn writes one, whose layer
+    // sizes are those of the uncompressed streams (known once each layer
+    // is checked, or from the records of layers in the store already).
+    let oci_manifest = |layers: &[Option<CheckedLayer>]| -> Result<Vec<u8>, LayerError> {
+        let mut descriptors = Vec::new();
+        for (i, diff_id) in diff_ids.iter().enumerate() {
+            let size = match layers.get(i) {
+                Some(Some(l)) => l.size,
+                _ => store
+                    .layer_record(diff_id)
+                    .map_err(LayerError::store(format!("reading layer {diff_id}")))?
+                    .map(|r| r.size)
+                    .unwrap_or(0),
+            };
+            descriptors.push(json!({
+                "mediaType": mt::OCI_LAYER_TAR,
+                "digest": diff_id,
+                "size": size,
+            }));
+        }
+        Ok(serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": mt::OCI_MANIFEST,
+            "config": {
+                "mediaType": mt::OCI_CONFIG,
+                "digest": sha256_digest(&config),
+                "size": config.len(),
+            },
+            "layers": descriptors,
+        }))
+        .expect("JSON values serialise"))
+    };
+    // Each layer member read from its own offset, several at once as a
+    // pull does; a repeated layer once. The image is written as the layers
+    // are checked, as a pull writes it.
+    let first = first_of_each(&diff_ids);
+    let (infos, staged) = import_each_staged(
+        layer_names.len(),
+        opts.layer_jobs(),
+        first.iter().all(|&f| f),
+        |i, cancel, checked| {
+            let (lname, diff_id) = (layer_names[i], &diff_ids[i]);
+            if !first[i] || crate::layer::has_layer(store, diff_id) {
+                return Ok(None);
+            }
+            let m = find(lname)?;
+            let mut f = open()?;
+            f.seek(SeekFrom::Start(m.offset))
+                .map_err(|e| archive_err(&what, format!("{lname}: {e}")))?;
+            let reader =
+                BufReader::with_capacity(1 << 20, Cancellable::new(f.take(m.size), cancel));
+            import_layer_with(
+                store,
+                reader,
+                None,
+                layer_named[i].as_deref(),
+                Some(diff_id),
+                &opts.limits,
+                checked,
+            )
+            .map(Some)
+            .map_err(|e| {
+                // Say which member; a read error (of the archive file, not
+                // of its data) stays what it is.
+                if matches!(e, LayerError::Read { .. }) {
+                    e
+                } else {
+                    archive_err(&what, format!("layer {lname:?}: {e}"))
+                }
+            })
+        },
+        &mut |layers| {
+            let manifest = oci_manifest(&layers)?;
+            StagedImage::stage(
+                store,
+                &manifest,
+                &config,
+                name.as_deref(),
+                Some(&what),
+                entries_of(layers),
+            )
+        },
+    )?;
+    let mut result = staged.publish()?;
     mark_fresh(&mut result.layers, &infos);
     result.name = name;
     Ok(result)
@@ -937,6 +982,50 @@ pub fn import_dir(
         ..ScanOptions::default()
     };
     let (tree, _) = scan_dir(dir, &scan).map_err(|e| archive_err(&what, e))?;
+    let name = opts.name.clone().or_else(|| {
+        dir.canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+    });
+    let platform = PlatformSpec::host();
+    let stage = |diff_id: &str, size: u64, entries: Option<File>| {
+        let mut config = json!({
+            "created": now_rfc3339(),
+            "architecture": platform.architecture,
+            "os": platform.os,
+            "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            "history": [{"created_by": format!("cairn import {what}")}],
+        });
+        if let Some(v) = &platform.variant {
+            config["variant"] = json!(v);
+        }
+        let config = serde_json::to_vec(&config).expect("JSON values serialise");
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": mt::OCI_MANIFEST,
+            "config": {
+                "mediaType": mt::OCI_CONFIG,
+                "digest": sha256_digest(&config),
+                "size": config.len(),
+            },
+            "layers": [{
+                "mediaType": mt::OCI_LAYER_TAR,
+                "digest": diff_id,
+                "size": size,
+            }],
+        }))
+        .expect("JSON values serialise");
+        StagedImage::stage(
+            store,
+            &manifest,
+            &config,
+            name.as_deref(),
+            Some(&what),
+            vec![entries],
+        )
+    };
+    let mut staged = None;
     let (tx, rx) = mpsc::sync_channel(4);
     let info = std::thread::scope(|s| {
         let tree = &tree;
@@ -956,49 +1045,25 @@ pub fn import_dir(
             buf: Vec::new(),
             pos: 0,
         };
-        import_layer(
+        import_layer_with(
             store,
             reader,
             Some(mt::OCI_LAYER_TAR),
             None,
             None,
             &opts.limits,
+            // The image is written while the layer's last objects are
+            // published, as a pull writes it.
+            &mut |layer| {
+                staged = Some(stage(&layer.diff_id, layer.size, Some(layer.entries)));
+            },
         )
     })?;
-    let platform = PlatformSpec::host();
-    let mut config = json!({
-        "created": now_rfc3339(),
-        "architecture": platform.architecture,
-        "os": platform.os,
-        "config": {},
-        "rootfs": {"type": "layers", "diff_ids": [info.diff_id]},
-        "history": [{"created_by": format!("cairn import {what}")}],
-    });
-    if let Some(v) = platform.variant {
-        config["variant"] = json!(v);
-    }
-    let config = serde_json::to_vec(&config).expect("JSON values serialise");
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": mt::OCI_MANIFEST,
-        "config": {
-            "mediaType": mt::OCI_CONFIG,
-            "digest": sha256_digest(&config),
-            "size": config.len(),
-        },
-        "layers": [{
-            "mediaType": mt::OCI_LAYER_TAR,
-            "digest": info.diff_id,
-            "size": info.size,
-        }],
-    }))
-    .expect("JSON values serialise");
-    let name = opts.name.clone().or_else(|| {
-        dir.canonicalize()
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-    });
-    let mut result = assemble_image_from(store, &manifest, &config, name.as_deref(), Some(&what))?;
+    let staged = match staged {
+        Some(staged) => staged?,
+        None => stage(&info.diff_id, info.size, None)?,
+    };
+    let mut result = staged.publish()?;
     mark_fresh(&mut result.layers, &[Some(info)]);
     result.name = name;
     Ok(result)

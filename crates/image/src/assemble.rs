@@ -261,8 +261,8 @@ pub struct StagedImage<'a> {
     store: &'a Store,
     /// Shared: garbage collection waits until the image is published.
     _lock: StoreLock,
-    manifest_json: &'a [u8],
-    config_json: &'a [u8],
+    manifest_json: Vec<u8>,
+    config_json: Vec<u8>,
     manifest: ImageManifest,
     config: ImageConfig,
     name: Option<String>,
@@ -292,8 +292,8 @@ impl<'a> StagedImage<'a> {
     /// is, as [`assemble_image`] does.
     pub fn stage(
         store: &'a Store,
-        manifest_json: &'a [u8],
-        config_json: &'a [u8],
+        manifest_json: &[u8],
+        config_json: &[u8],
         name: Option<&str>,
         source: Option<&str>,
         entries: Vec<Option<File>>,
@@ -315,8 +315,8 @@ impl<'a> StagedImage<'a> {
     /// both only reading the tree, instead of at [`publish`](Self::publish).
     fn write(
         store: &'a Store,
-        manifest_json: &'a [u8],
-        config_json: &'a [u8],
+        manifest_json: &[u8],
+        config_json: &[u8],
         name: Option<&str>,
         source: Option<&str>,
         entries: Vec<Option<File>>,
@@ -350,8 +350,8 @@ impl<'a> StagedImage<'a> {
         Ok(StagedImage {
             store,
             _lock: lock,
-            manifest_json,
-            config_json,
+            manifest_json: manifest_json.to_vec(),
+            config_json: config_json.to_vec(),
             manifest,
             config,
             name: name.map(str::to_owned),
@@ -396,10 +396,10 @@ impl<'a> StagedImage<'a> {
             .map_err(LayerError::store("publishing the image"))?;
         let record = ImageRecord {
             image_digest: image_digest.clone(),
-            manifest_digest: sha256_digest(self.manifest_json),
+            manifest_digest: sha256_digest(&self.manifest_json),
             config_digest: self.manifest.config.digest.clone(),
-            manifest: String::from_utf8_lossy(self.manifest_json).into_owned(),
-            config: String::from_utf8_lossy(self.config_json).into_owned(),
+            manifest: String::from_utf8_lossy(&self.manifest_json).into_owned(),
+            config: String::from_utf8_lossy(&self.config_json).into_owned(),
             layers: layers
                 .iter()
                 .map(|l| ImageRecordLayer {

@@ -152,13 +152,27 @@ pub fn import_layer(
     )
 }
 
+/// A layer whose stream is read and checked, before its last objects and
+/// its record are published: what [`import_layer_with`] hands over.
+#[derive(Debug)]
+pub struct CheckedLayer {
+    /// The layer record's entries file, read-only, at its start.
+    pub entries: std::fs::File,
+    /// The layer's diff_id (`sha256:<hex>`), checked against the one
+    /// expected, if one was.
+    pub diff_id: String,
+    /// The size of the uncompressed tar stream, as the record will say.
+    pub size: u64,
+}
+
 /// [`import_layer`], telling `checked` when the layer's entries are final:
 /// the stream has been read to its end, its blob digest and diff_id match
 /// what was expected, and every entry line is written. `checked` gets the
-/// entries file (read-only, at its start), before the layer's last objects
-/// and its record are published, so that a caller can build an image from
-/// it meanwhile (`crate::assemble::StagedImage`). It is called at most
-/// once, and not at all when the store had the layer already.
+/// entries file and the stream's size ([`CheckedLayer`]), before the
+/// layer's last objects and its record are published, so that a caller
+/// can build an image from it meanwhile (`crate::assemble::StagedImage`).
+/// It is called at most once, and not at all when the store had the layer
+/// already.
 pub fn import_layer_with(
     store: &Store,
     blob: impl Read + Send,
@@ -166,7 +180,7 @@ pub fn import_layer_with(
     expected_blob_digest: Option<&str>,
     expected_diff_id: Option<&str>,
     limits: &Limits,
-    checked: &mut dyn FnMut(std::fs::File),
+    checked: &mut dyn FnMut(CheckedLayer),
 ) -> Result<LayerInfo, LayerError> {
     let layer = expected_blob_digest
         .or(expected_diff_id)
@@ -244,7 +258,7 @@ pub fn import_layer_with(
         drop(tar);
         let totals = pipeline::Totals::of(&meter);
         check_digests(&layer, expected_blob_digest, expected_diff_id, &totals)?;
-        entries_done(&mut b, &layer, checked)?;
+        entries_done(&mut b, &layer, &totals, checked)?;
         (b, compression, totals)
     } else {
         std::thread::scope(|s| {
@@ -326,7 +340,7 @@ pub fn import_layer_with(
             b.objects = None;
             // The workers are still naming their last objects (a sync of
             // the stream's tail, then links): the entries need not wait.
-            entries_done(&mut b, &layer, checked)?;
+            entries_done(&mut b, &layer, &totals, checked)?;
             Ok((b, compression, totals))
         })?
     };
@@ -393,7 +407,8 @@ pub fn import_layer_with(
 fn entries_done(
     b: &mut LayerBuilder<'_>,
     layer: &str,
-    checked: &mut dyn FnMut(std::fs::File),
+    totals: &pipeline::Totals,
+    checked: &mut dyn FnMut(CheckedLayer),
 ) -> Result<(), LayerError> {
     b.flush().map_err(|e| match e {
         AddError::Reason(reason) => LayerError::Invalid {
@@ -407,7 +422,11 @@ fn entries_done(
         .writer
         .open_entries()
         .map_err(|e| store_err(layer, "reading back the layer record", e))?;
-    checked(entries);
+    checked(CheckedLayer {
+        entries,
+        diff_id: totals.diff_id.clone(),
+        size: totals.uncompressed,
+    });
     Ok(())
 }
 

@@ -12,9 +12,10 @@
 
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 
-use crate::layer::LayerInfo;
+use crate::assemble::StagedImage;
+use crate::layer::{CheckedLayer, LayerInfo};
 use crate::LayerError;
 
 /// Layers imported at once when the caller does not say (`cairn pull`'s
@@ -95,6 +96,71 @@ where
         .into_iter()
         .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
         .collect())
+}
+
+/// [`import_each`], and the image staged from the layers' entries while
+/// the last of them are still published: `import(i, cancel, checked)`
+/// hands its layer's entries to `checked` as
+/// [`crate::import_layer_with`] does, and once every layer has either done
+/// so or returned (`None`: its record is read from the store), `stage`
+/// gets them, in layer order. Without `overlap` (a layer imported now is
+/// in the image twice, and the image reads it from its record),
+/// `stage` gets no entries and runs after the last import. An import that
+/// fails after its entries were handed over fails the whole: the staged
+/// image is dropped and publishes nothing.
+pub(crate) fn import_each_staged<'s, F>(
+    count: usize,
+    jobs: usize,
+    overlap: bool,
+    import: F,
+    stage: &mut dyn FnMut(Vec<Option<CheckedLayer>>) -> Result<StagedImage<'s>, LayerError>,
+) -> Result<(Vec<Option<LayerInfo>>, StagedImage<'s>), LayerError>
+where
+    F: Fn(
+            usize,
+            &AtomicBool,
+            &mut dyn FnMut(CheckedLayer),
+        ) -> Result<Option<LayerInfo>, LayerError>
+        + Sync,
+{
+    let (tx, rx) = mpsc::channel::<(usize, Option<CheckedLayer>)>();
+    let (infos, staged) = std::thread::scope(|s| {
+        // The sender goes with the importer: once it has ended, the
+        // receiver below stops waiting.
+        let import = &import;
+        let importer = s.spawn(move || {
+            import_each(count, jobs, |i, cancel| {
+                let mut sent = false;
+                let result = import(i, cancel, &mut |layer| {
+                    // The receiver may be gone (a panic): nothing to do.
+                    let _ = tx.send((i, Some(layer)));
+                    sent = true;
+                });
+                if result.is_ok() && !sent {
+                    let _ = tx.send((i, None));
+                }
+                result
+            })
+        });
+        let mut entries: Vec<Option<CheckedLayer>> = (0..count).map(|_| None).collect();
+        let mut waiting = count;
+        while overlap && waiting > 0 {
+            let Ok((i, layer)) = rx.recv() else { break };
+            entries[i] = layer;
+            waiting -= 1;
+        }
+        let staged = (overlap && waiting == 0).then(|| stage(entries));
+        let infos = importer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (infos, staged)
+    });
+    let infos = infos?;
+    let staged = match staged {
+        Some(staged) => staged?,
+        None => stage(Vec::new())?,
+    };
+    Ok((infos, staged))
 }
 
 /// For each layer, whether it is the first of the image with its diff_id

@@ -54,7 +54,7 @@ pub use decompress::Compression;
 pub use error::LayerError;
 pub use export::{export_oci_layout, write_tar, write_tar_from, ExportedImage, TarContents};
 pub use fuzz::fuzz_apply;
-pub use layer::{has_layer, import_layer, import_layer_with, LayerInfo, Limits};
+pub use layer::{has_layer, import_layer, import_layer_with, CheckedLayer, LayerInfo, Limits};
 pub use layer_jobs::DEFAULT_LAYER_JOBS;
 pub use scan::{scan_dir, ScanError, ScanOptions, ScanStats};
 

@@ -1006,3 +1006,129 @@ fn oci_layout_a_bad_layer_among_several_fails_with_its_own_error() {
     let img = import_oci_layout(&s, &dir, Some("t"), &opts).unwrap();
     assert_eq!(img.layers.len(), 3);
 }
+
+/// The image that the store's layer records make, from the image record
+/// of `digest`: what an import made before it wrote the image from the
+/// entries its layers handed over.
+fn assembled_from_records(s: &cairn_store::Store, digest: &str) -> String {
+    let rec = s.image_record(digest).unwrap().expect("an image record");
+    cairn_image::assemble_image(s, rec.manifest.as_bytes(), rec.config.as_bytes(), None)
+        .unwrap()
+        .image_digest
+}
+
+#[test]
+fn an_image_written_while_its_layers_are_published_is_the_one_their_records_make() {
+    // Three different layers: each import hands its entries over and the
+    // image is written from them (a repeated layer would be read from its
+    // record instead; the four-layer test above covers that).
+    let d = tempfile::tempdir().unwrap();
+    let mut layers = four_layers();
+    layers.truncate(3);
+    let dir = d.path().join("layout");
+    layout_of(&dir, &layers);
+    let mut digests = Vec::new();
+    for (case, cached_first) in [("fresh", false), ("first layer cached", true)] {
+        let root = d.path().join(format!("store-{}", digests.len()));
+        let s = open_store(&root);
+        if cached_first {
+            let (blob_bytes, tar, mt) = &layers[0];
+            cairn_image::import_layer(
+                &s,
+                blob_bytes.as_slice(),
+                Some(mt),
+                None,
+                Some(&sha256(tar)),
+                &Default::default(),
+            )
+            .unwrap();
+        }
+        for jobs in [1, 3] {
+            let opts = ImportOptions {
+                jobs,
+                ..Default::default()
+            };
+            let img = import_oci_layout(&s, &dir, Some("t"), &opts).unwrap();
+            // The second import (jobs 3) finds every layer in the store.
+            let cached: Vec<bool> = (0..3)
+                .map(|i| jobs == 3 || (i == 0 && cached_first))
+                .collect();
+            assert_eq!(
+                img.layers.iter().map(|l| l.cached).collect::<Vec<_>>(),
+                cached,
+                "{case}, jobs {jobs}"
+            );
+            assert_eq!(
+                img.image_digest,
+                assembled_from_records(&s, &img.image_digest),
+                "{case}, jobs {jobs}"
+            );
+            digests.push(img.image_digest);
+        }
+    }
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
+
+    // The same layers from a `docker save` archive (its manifest is made
+    // from the layers' sizes, known once each is checked) and one layer
+    // from a directory: the images their records make.
+    let archive = d.path().join("image.tar");
+    let names: Vec<String> = (0..layers.len())
+        .map(|i| format!("l{i}/layer.tar"))
+        .collect();
+    let host = PlatformSpec::host();
+    let config = serde_json::to_vec(&json!({
+        "architecture": host.architecture, "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids":
+            layers.iter().map(|(_, tar, _)| sha256(tar)).collect::<Vec<_>>()},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&json!([{
+        "Config": "config.json", "RepoTags": ["docker.test/three:1"], "Layers": names,
+    }]))
+    .unwrap();
+    let mut b = tar::Builder::new(fs::File::create(&archive).unwrap());
+    let members = layers
+        .iter()
+        .zip(&names)
+        .map(|((blob, _, _), n)| (n.as_str(), blob))
+        .chain([("config.json", &config), ("manifest.json", &manifest)]);
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, name, data.as_slice()).unwrap();
+    }
+    b.into_inner().unwrap();
+    let s = open_store(&d.path().join("docker"));
+    let img = cairn_image::import_docker_archive(&s, &archive, &Default::default()).unwrap();
+    assert_eq!(img.image_digest, digests[0], "docker archive");
+    assert_eq!(
+        img.image_digest,
+        assembled_from_records(&s, &img.image_digest)
+    );
+    let rec = s.image_record(&img.image_digest).unwrap().unwrap();
+    let m: serde_json::Value = serde_json::from_str(&rec.manifest).unwrap();
+    let sizes: Vec<u64> = m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        sizes,
+        layers
+            .iter()
+            .map(|(_, tar, _)| tar.len() as u64)
+            .collect::<Vec<_>>(),
+        "the archive's manifest names each layer's size"
+    );
+
+    let tree = d.path().join("tree");
+    fs::create_dir_all(tree.join("etc")).unwrap();
+    fs::write(tree.join("etc/hello"), vec![7u8; 10_000]).unwrap();
+    let img = cairn_image::import_dir(&s, &tree, &Default::default()).unwrap();
+    assert_eq!(
+        img.image_digest,
+        assembled_from_records(&s, &img.image_digest)
+    );
+}

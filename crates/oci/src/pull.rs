@@ -571,9 +571,9 @@ fn fetch_layer(
         Some(layer.digest.as_str()),
         Some(layer.diff_id.as_str()),
         &opts.limits,
-        &mut |entries| {
+        &mut |layer| {
             // The receiver may be gone (the pull failed): nothing to do.
-            let _ = checked.send((index, Some(entries)));
+            let _ = checked.send((index, Some(layer.entries)));
             sent = true;
         },
     );

@@ -15,14 +15,15 @@
 //! chain image is then assembled as an import assembles an image, and a
 //! ref keeps it (and so its layers and objects) alive for gc.
 
+use std::fs::File;
 use std::io;
 use std::path::Path;
 
 use cairn_erofs::tree::{InodeId, Tree, ROOT};
 use cairn_erofs::Inode;
 use cairn_image::{
-    assemble_image_from, import_layer, scan_dir, write_tar_from, LayerInfo, Limits, ScanOptions,
-    TarContents,
+    import_layer_with, scan_dir, write_tar_from, CheckedLayer, LayerInfo, Limits, ScanOptions,
+    StagedImage, TarContents,
 };
 use cairn_spec::media_type as mt;
 use cairn_spec::{sha256_digest, PlatformSpec};
@@ -137,6 +138,7 @@ pub fn commit_dir(
     })?;
     upper_to_layer(&mut tree)?;
     let (reader, mut writer) = io::pipe().map_err(|e| CommitError::Tree(format!("pipe: {e}")))?;
+    let mut staged = None;
     let layer = std::thread::scope(|s| {
         let tree = &tree;
         let w = s.spawn(move || {
@@ -144,13 +146,16 @@ pub fn commit_dir(
             drop(writer);
             r
         });
-        let info = import_layer(
+        let info = import_layer_with(
             store,
             reader,
             Some(mt::OCI_LAYER_TAR),
             None,
             None,
             &Limits::default(),
+            // The chain's image is written while the layer's last objects
+            // are published, as a pull writes it.
+            &mut |layer| staged = Some(stage_chain(store, parent_chain, Some(layer))),
         );
         let written = w.join().expect("the tar writer does not panic");
         match (info, written) {
@@ -159,15 +164,45 @@ pub fn commit_dir(
             (Ok(_), Err(e)) => Err(CommitError::Tree(format!("writing the layer's tar: {e}"))),
         }
     })?;
-    let mut chain = parent_chain.to_vec();
-    chain.push(layer.diff_id.clone());
-    let image = assemble_chain(store, &chain)?;
+    let staged = match staged {
+        Some(staged) => staged?,
+        None => {
+            let mut chain = parent_chain.to_vec();
+            chain.push(layer.diff_id.clone());
+            stage_chain(store, &chain, None)?
+        }
+    };
+    let image = staged
+        .publish()
+        .map_err(|e| CommitError::Layer(Box::new(e)))?
+        .image_digest;
     Ok(Committed { layer, image })
 }
 
 /// Assembles the image of a chain of layers (all in the store), without a
 /// name; returns its digest.
 pub fn assemble_chain(store: &Store, chain: &[String]) -> Result<String, CommitError> {
+    let img = stage_chain(store, chain, None)?
+        .publish()
+        .map_err(|e| CommitError::Layer(Box::new(e)))?;
+    Ok(img.image_digest)
+}
+
+/// Writes the image of `chain` (in the store) and, if `top` is given, of
+/// that layer above it (checked, not yet published: see
+/// [`import_layer_with`]) into the store's staging area.
+fn stage_chain<'s>(
+    store: &'s Store,
+    chain: &[String],
+    top: Option<CheckedLayer>,
+) -> Result<StagedImage<'s>, CommitError> {
+    let mut chain = chain.to_vec();
+    let mut entries: Vec<Option<File>> = chain.iter().map(|_| None).collect();
+    let top_size = top.map(|l| {
+        chain.push(l.diff_id);
+        entries.push(Some(l.entries));
+        l.size
+    });
     let platform = PlatformSpec::host();
     let mut config = json!({
         "architecture": platform.architecture,
@@ -180,7 +215,11 @@ pub fn assemble_chain(store: &Store, chain: &[String]) -> Result<String, CommitE
     }
     let config = serde_json::to_vec(&config).expect("JSON values serialise");
     let mut layers = Vec::new();
-    for d in chain {
+    for (i, d) in chain.iter().enumerate() {
+        if let (Some(size), true) = (top_size, i + 1 == chain.len()) {
+            layers.push(json!({"mediaType": mt::OCI_LAYER_TAR, "digest": d, "size": size}));
+            continue;
+        }
         let rec = store
             .layer_record(d)
             .map_err(|source| CommitError::Store {
@@ -197,9 +236,15 @@ pub fn assemble_chain(store: &Store, chain: &[String]) -> Result<String, CommitE
         "layers": layers,
     }))
     .expect("JSON values serialise");
-    let img = assemble_image_from(store, &manifest, &config, None, Some("cairn snapshotter"))
-        .map_err(|e| CommitError::Layer(Box::new(e)))?;
-    Ok(img.image_digest)
+    StagedImage::stage(
+        store,
+        &manifest,
+        &config,
+        None,
+        Some("cairn snapshotter"),
+        entries,
+    )
+    .map_err(|e| CommitError::Layer(Box::new(e)))
 }
 
 #[cfg(test)]
