@@ -329,7 +329,14 @@ impl<'a> StagedImage<'a> {
             .map_err(LayerError::store("locking the store"))?;
         let diff_ids = config.rootfs.as_ref().map_or(&[][..], |r| &r.diff_ids);
         let from_store = (0..diff_ids.len()).any(|i| !matches!(entries.get(i), Some(Some(_))));
+        let started = std::time::Instant::now();
         let tree = build_tree_from(store, diff_ids, entries)?;
+        tracing::debug!(
+            "image: {} inodes from {} layers in {:?}",
+            tree.inodes.len(),
+            diff_ids.len(),
+            started.elapsed()
+        );
         let content_size = content_size(&tree);
         let (writer, image_size, tree) = if check_now {
             let (checked, staged) = std::thread::scope(|s| {
@@ -347,6 +354,7 @@ impl<'a> StagedImage<'a> {
             let (writer, image_size) = stage_image(store, &tree)?;
             (writer, image_size, from_store.then_some(tree))
         };
+        tracing::debug!("image: written at {:?}", started.elapsed());
         Ok(StagedImage {
             store,
             _lock: lock,
@@ -394,6 +402,7 @@ impl<'a> StagedImage<'a> {
             .writer
             .commit()
             .map_err(LayerError::store("publishing the image"))?;
+        tracing::debug!("image: published as {image_digest}");
         let record = ImageRecord {
             image_digest: image_digest.clone(),
             manifest_digest: sha256_digest(&self.manifest_json),
