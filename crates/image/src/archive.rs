@@ -379,7 +379,8 @@ pub fn import_oci_layout(
     // image is written as the layers are checked, as a pull writes it.
     let first = first_of_each(&diff_ids[..layer_descs.len().min(diff_ids.len())]);
     let (infos, staged) = import_each_staged(
-        blobs.len(),
+        store,
+        &diff_ids[..blobs.len()],
         opts.layer_jobs(),
         first.iter().all(|&f| f),
         |i, cancel, checked| {
@@ -401,26 +402,29 @@ pub fn import_oci_layout(
             )
             .map(Some)
         },
-        &mut |layers| {
-            StagedImage::stage(
+        &mut |built| match built {
+            Some((tree, _)) => StagedImage::from_tree(
                 store,
                 &manifest,
                 &config,
                 name.as_deref(),
                 Some(&what),
-                entries_of(layers),
-            )
+                tree,
+            ),
+            None => StagedImage::stage(
+                store,
+                &manifest,
+                &config,
+                name.as_deref(),
+                Some(&what),
+                Vec::new(),
+            ),
         },
     )?;
     let mut image = staged.publish()?;
     mark_fresh(&mut image.layers, &infos);
     image.name = name;
     Ok(image)
-}
-
-/// The entries files of the layers handed over by their imports.
-fn entries_of(layers: Vec<Option<CheckedLayer>>) -> Vec<Option<File>> {
-    layers.into_iter().map(|l| l.map(|l| l.entries)).collect()
 }
 
 /// Marks the layers imported just now (the others came from the cache).
@@ -799,11 +803,11 @@ pub fn import_docker_archive(
     // The archive has no OCI manifest: cairn writes one, whose layer
     // sizes are those of the uncompressed streams (known once each layer
     // is checked, or from the records of layers in the store already).
-    let oci_manifest = |layers: &[Option<CheckedLayer>]| -> Result<Vec<u8>, LayerError> {
+    let oci_manifest = |sizes: &[Option<u64>]| -> Result<Vec<u8>, LayerError> {
         let mut descriptors = Vec::new();
         for (i, diff_id) in diff_ids.iter().enumerate() {
-            let size = match layers.get(i) {
-                Some(Some(l)) => l.size,
+            let size = match sizes.get(i) {
+                Some(Some(size)) => *size,
                 _ => store
                     .layer_record(diff_id)
                     .map_err(LayerError::store(format!("reading layer {diff_id}")))?
@@ -833,7 +837,8 @@ pub fn import_docker_archive(
     // are checked, as a pull writes it.
     let first = first_of_each(&diff_ids);
     let (infos, staged) = import_each_staged(
-        layer_names.len(),
+        store,
+        &diff_ids,
         opts.layer_jobs(),
         first.iter().all(|&f| f),
         |i, cancel, checked| {
@@ -867,16 +872,30 @@ pub fn import_docker_archive(
                 }
             })
         },
-        &mut |layers| {
-            let manifest = oci_manifest(&layers)?;
-            StagedImage::stage(
-                store,
-                &manifest,
-                &config,
-                name.as_deref(),
-                Some(&what),
-                entries_of(layers),
-            )
+        &mut |built| {
+            let (tree, sizes) = match built {
+                Some((tree, sizes)) => (Some(tree), sizes),
+                None => (None, Vec::new()),
+            };
+            let manifest = oci_manifest(&sizes)?;
+            match tree {
+                Some(tree) => StagedImage::from_tree(
+                    store,
+                    &manifest,
+                    &config,
+                    name.as_deref(),
+                    Some(&what),
+                    tree,
+                ),
+                None => StagedImage::stage(
+                    store,
+                    &manifest,
+                    &config,
+                    name.as_deref(),
+                    Some(&what),
+                    Vec::new(),
+                ),
+            }
         },
     )?;
     let mut result = staged.publish()?;
@@ -1054,7 +1073,7 @@ pub fn import_dir(
             &opts.limits,
             // The image is written while the layer's last objects are
             // published, as a pull writes it.
-            &mut |layer| {
+            &mut |layer: CheckedLayer| {
                 staged = Some(stage(&layer.diff_id, layer.size, Some(layer.entries)));
             },
         )

@@ -165,6 +165,53 @@ pub struct CheckedLayer {
     pub size: u64,
 }
 
+/// The entry lines of a layer being imported, as they are written to its
+/// record: whole lines, in order, in chunks of about 1 MiB. Best effort: a
+/// chunk the receiver has no room for ends the tap (it is dropped, so the
+/// receiver sees the channel close), and the receiver reads the rest from
+/// the entries file once the layer is checked, from the number of bytes it
+/// got. The receiver must treat nothing as final before the layer is
+/// checked: a layer that fails later sends lines too.
+#[derive(Debug)]
+pub struct LineTap {
+    tx: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
+}
+
+impl LineTap {
+    /// A tap sending into `tx`.
+    pub fn new(tx: std::sync::mpsc::SyncSender<Vec<u8>>) -> LineTap {
+        LineTap { tx: Some(tx) }
+    }
+
+    fn send(&mut self, lines: &[u8]) {
+        if let Some(tx) = &self.tx {
+            if tx.try_send(lines.to_vec()).is_err() {
+                // Full (the reader is busy with another layer) or gone.
+                self.tx = None;
+            }
+        }
+    }
+}
+
+/// What an import reports while it runs; see [`import_layer_with`]. A
+/// closure taking a [`CheckedLayer`] is one.
+pub trait LayerWatch {
+    /// Called once, as the import starts writing its record: where its
+    /// entry lines go as they are written, if anywhere.
+    fn tap(&mut self) -> Option<LineTap> {
+        None
+    }
+
+    /// The layer is checked; see [`import_layer_with`].
+    fn checked(&mut self, layer: CheckedLayer);
+}
+
+impl<F: FnMut(CheckedLayer)> LayerWatch for F {
+    fn checked(&mut self, layer: CheckedLayer) {
+        self(layer)
+    }
+}
+
 /// [`import_layer`], telling `checked` when the layer's entries are final:
 /// the stream has been read to its end, its blob digest and diff_id match
 /// what was expected, and every entry line is written. `checked` gets the
@@ -180,7 +227,7 @@ pub fn import_layer_with(
     expected_blob_digest: Option<&str>,
     expected_diff_id: Option<&str>,
     limits: &Limits,
-    checked: &mut dyn FnMut(CheckedLayer),
+    checked: &mut dyn LayerWatch,
 ) -> Result<LayerInfo, LayerError> {
     let layer = expected_blob_digest
         .or(expected_diff_id)
@@ -254,6 +301,7 @@ pub fn import_layer_with(
         // the Linux-tree layer), where the kernel's own writeback overlaps.
         let mut b = LayerBuilder::new(store, None, None)
             .map_err(|e| store_err(&layer, "starting the layer record", e))?;
+        b.tap = checked.tap();
         parse_layer(&mut tar, compression, &mut b, limits, &layer)?;
         drop(tar);
         let totals = pipeline::Totals::of(&meter);
@@ -312,6 +360,7 @@ pub fn import_layer_with(
             .map_err(|e| thread_err("the flusher thread", e))?;
             let mut b = LayerBuilder::new(store, Some(objects), None)
                 .map_err(|e| store_err(&layer, "starting the layer record", e))?;
+            b.tap = checked.tap();
             // The chunks are the buffer: no BufReader (and no copy) between.
             let mut tar = TarReader::new(q.reader, TarLimits::from(limits));
             parse_layer(&mut tar, compression, &mut b, limits, &layer)?;
@@ -408,7 +457,7 @@ fn entries_done(
     b: &mut LayerBuilder<'_>,
     layer: &str,
     totals: &pipeline::Totals,
-    checked: &mut dyn FnMut(CheckedLayer),
+    checked: &mut dyn LayerWatch,
 ) -> Result<(), LayerError> {
     b.flush().map_err(|e| match e {
         AddError::Reason(reason) => LayerError::Invalid {
@@ -418,11 +467,13 @@ fn entries_done(
         AddError::Tar(e) => tar_err(layer, e),
         AddError::Store(e) => store_err(layer, "writing the layer record", e),
     })?;
+    // Every line is in the file: the tap's reader reads the rest there.
+    b.tap = None;
     let entries = b
         .writer
         .open_entries()
         .map_err(|e| store_err(layer, "reading back the layer record", e))?;
-    checked(CheckedLayer {
+    checked.checked(CheckedLayer {
         entries,
         diff_id: totals.diff_id.clone(),
         size: totals.uncompressed,
@@ -607,6 +658,8 @@ struct LayerBuilder<'s> {
     /// Entries whose line waits for an object a worker is writing (the
     /// first one does), in stream order.
     waiting: VecDeque<Waiting>,
+    /// Where the lines go as they are written, besides the record.
+    tap: Option<LineTap>,
 }
 
 fn worker_gone(_: pipeline::WorkerGone) -> AddError {
@@ -671,6 +724,7 @@ impl<'s> LayerBuilder<'s> {
             entries: 0,
             objects,
             waiting: VecDeque::new(),
+            tap: None,
         })
     }
 
@@ -759,6 +813,11 @@ impl<'s> LayerBuilder<'s> {
             .entries()
             .write_all(&self.pending)
             .map_err(|e| AddError::Reason(format!("writing the layer record: {e}")))?;
+        if let Some(tap) = &mut self.tap {
+            if !self.pending.is_empty() {
+                tap.send(&self.pending);
+            }
+        }
         self.pending.clear();
         Ok(())
     }

@@ -14,8 +14,10 @@ use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 
-use crate::assemble::StagedImage;
-use crate::layer::{CheckedLayer, LayerInfo};
+use cairn_store::Store;
+
+use crate::assemble::{build_tree_as_imported, BuiltTree, LayerEnd, LayerFeed, StagedImage};
+use crate::layer::{CheckedLayer, LayerInfo, LayerWatch, LineTap};
 use crate::LayerError;
 
 /// Layers imported at once when the caller does not say (`cairn pull`'s
@@ -98,69 +100,117 @@ where
         .collect())
 }
 
-/// [`import_each`], and the image staged from the layers' entries while
-/// the last of them are still published: `import(i, cancel, checked)`
-/// hands its layer's entries to `checked` as
-/// [`crate::import_layer_with`] does, and once every layer has either done
-/// so or returned (`None`: its record is read from the store), `stage`
-/// gets them, in layer order. Without `overlap` (a layer imported now is
-/// in the image twice, and the image reads it from its record),
-/// `stage` gets no entries and runs after the last import. An import that
-/// fails after its entries were handed over fails the whole: the staged
-/// image is dropped and publishes nothing.
+/// The tree [`import_each_staged`] built, and the stream size of each
+/// layer whose import reported one.
+pub(crate) type TreeAndSizes = (BuiltTree, Vec<Option<u64>>);
+
+/// Lines a layer's tap holds before it gives up (see [`LineTap`]): about
+/// 1 MiB each.
+const TAP_CHUNKS: usize = 16;
+
+/// [`import_each`], and the image's tree built as the layers are imported
+/// ([`build_tree_as_imported`], on the calling thread), then staged with
+/// `stage` while the last layers are still published. `import(i, cancel,
+/// watch)` imports layer `i` with `watch` as [`crate::import_layer_with`]'s,
+/// or returns `None` for a layer it does not import (its record is read
+/// from the store). `stage` gets the tree and each layer's stream size
+/// where the import reported one; without `overlap` (a layer imported now
+/// is in the image twice, and the image reads it from its record), it
+/// gets `None` after the last import and builds the image from the
+/// records. An import that fails after its lines were applied fails the
+/// whole: the tree (or the staged image) is dropped and publishes nothing.
 pub(crate) fn import_each_staged<'s, F>(
-    count: usize,
+    store: &Store,
+    diff_ids: &[String],
     jobs: usize,
     overlap: bool,
     import: F,
-    stage: &mut dyn FnMut(Vec<Option<CheckedLayer>>) -> Result<StagedImage<'s>, LayerError>,
+    stage: &mut dyn FnMut(Option<TreeAndSizes>) -> Result<StagedImage<'s>, LayerError>,
 ) -> Result<(Vec<Option<LayerInfo>>, StagedImage<'s>), LayerError>
 where
-    F: Fn(
-            usize,
-            &AtomicBool,
-            &mut dyn FnMut(CheckedLayer),
-        ) -> Result<Option<LayerInfo>, LayerError>
-        + Sync,
+    F: Fn(usize, &AtomicBool, &mut dyn LayerWatch) -> Result<Option<LayerInfo>, LayerError> + Sync,
 {
+    let count = diff_ids.len();
+    if !overlap {
+        let infos = import_each(count, jobs, |i, cancel| {
+            import(i, cancel, &mut |_: CheckedLayer| {})
+        })?;
+        return Ok((infos, stage(None)?));
+    }
     let (tx, rx) = mpsc::channel::<(usize, Option<CheckedLayer>)>();
+    let mut feeds = Vec::with_capacity(count);
+    let mut taps = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (tap_tx, tap_rx) = mpsc::sync_channel(TAP_CHUNKS);
+        feeds.push(LayerFeed::Lines(tap_rx));
+        taps.push(Mutex::new(Some(LineTap::new(tap_tx))));
+    }
     let (infos, staged) = std::thread::scope(|s| {
-        // The sender goes with the importer: once it has ended, the
-        // receiver below stops waiting.
+        // The senders (the taps and `tx`) go with the importer: once it
+        // has ended, the tree below stops waiting for them.
         let import = &import;
         let importer = s.spawn(move || {
+            let taps = taps;
             import_each(count, jobs, |i, cancel| {
-                let mut sent = false;
-                let result = import(i, cancel, &mut |layer| {
-                    // The receiver may be gone (a panic): nothing to do.
-                    let _ = tx.send((i, Some(layer)));
-                    sent = true;
-                });
-                if result.is_ok() && !sent {
+                let mut watch = Watch {
+                    index: i,
+                    tap: taps[i].lock().unwrap_or_else(|p| p.into_inner()).take(),
+                    done: &tx,
+                    sent: false,
+                };
+                let result = import(i, cancel, &mut watch);
+                if result.is_ok() && !watch.sent {
                     let _ = tx.send((i, None));
                 }
                 result
             })
         });
-        let mut entries: Vec<Option<CheckedLayer>> = (0..count).map(|_| None).collect();
-        let mut waiting = count;
-        while overlap && waiting > 0 {
-            let Ok((i, layer)) = rx.recv() else { break };
-            entries[i] = layer;
-            waiting -= 1;
-        }
-        let staged = (overlap && waiting == 0).then(|| stage(entries));
+        let mut reported: Vec<Option<Option<CheckedLayer>>> = (0..count).map(|_| None).collect();
+        let mut sizes: Vec<Option<u64>> = vec![None; count];
+        let built = build_tree_as_imported(store, diff_ids, feeds, &mut |i| loop {
+            if let Some(layer) = reported[i].take() {
+                return match layer {
+                    Some(l) => {
+                        sizes[i] = Some(l.size);
+                        LayerEnd::Checked(l.entries)
+                    }
+                    None => LayerEnd::InStore,
+                };
+            }
+            match rx.recv() {
+                Ok((j, layer)) => reported[j] = Some(layer),
+                Err(_) => return LayerEnd::Failed,
+            }
+        });
+        let staged = built.and_then(|tree| stage(Some((tree, sizes))));
         let infos = importer
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (infos, staged)
     });
+    // The import's own error says more than the tree's "import failed".
     let infos = infos?;
-    let staged = match staged {
-        Some(staged) => staged?,
-        None => stage(Vec::new())?,
-    };
-    Ok((infos, staged))
+    Ok((infos, staged?))
+}
+
+/// One layer's [`LayerWatch`] in [`import_each_staged`].
+struct Watch<'a> {
+    index: usize,
+    tap: Option<LineTap>,
+    done: &'a mpsc::Sender<(usize, Option<CheckedLayer>)>,
+    sent: bool,
+}
+
+impl LayerWatch for Watch<'_> {
+    fn tap(&mut self) -> Option<LineTap> {
+        self.tap.take()
+    }
+
+    fn checked(&mut self, layer: CheckedLayer) {
+        // The receiver may be gone (its tree failed): nothing to do.
+        let _ = self.done.send((self.index, Some(layer)));
+        self.sent = true;
+    }
 }
 
 /// For each layer, whether it is the first of the image with its diff_id

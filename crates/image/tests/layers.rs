@@ -602,3 +602,147 @@ fn hardlinks_resolve_parents_but_not_the_last_name() {
     assert_eq!(e["/hard-link.so"].file_type(), FileType::Symlink);
     assert_eq!(e["/usr/lib/link.so"].nlink, 2);
 }
+
+// ---- The tree built from a layer's lines as its import writes them ----
+
+/// The record's lines in chunks of `lines` lines each, as a tap sends them.
+fn chunks_of(record: &[u8], lines: usize) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    for (i, line) in record.split_inclusive(|&b| b == b'\n').enumerate() {
+        cur.extend_from_slice(line);
+        if (i + 1) % lines == 0 {
+            out.push(std::mem::take(&mut cur));
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+#[test]
+fn a_tree_built_from_tapped_lines_is_the_one_the_records_make() {
+    use cairn_image::{build_tree_as_imported, LayerEnd, LayerFeed, StagedImage};
+    use std::sync::mpsc;
+
+    let (_d, s) = store();
+    let mut a = Layer::new();
+    a.dir("etc", 0o755).file("etc/a", b"a", 0o644);
+    for i in 0..400 {
+        a.file(&format!("usr/f{i}"), format!("{i}").as_bytes(), 0o644);
+    }
+    a.symlink("lib", "usr");
+    let mut b = Layer::new();
+    b.whiteout("etc/.wh.a").hardlink("lib/h", "usr/f1");
+    for i in 0..300 {
+        b.file(&format!("usr/g{i}"), &vec![i as u8; 5000], 0o600);
+    }
+    let (a, b) = (a.finish(), b.finish());
+    let infos = [import(&s, &a).unwrap(), import(&s, &b).unwrap()];
+    let diff_ids: Vec<String> = infos.iter().map(|i| i.diff_id.clone()).collect();
+    let (manifest, config) = manifest_and_config(
+        &infos
+            .iter()
+            .map(|i| (i.diff_id.clone(), i.size))
+            .collect::<Vec<_>>(),
+    );
+    let expected = cairn_image::assemble_image(&s, &manifest, &config, None)
+        .unwrap()
+        .image_digest;
+    let record = |i: usize| std::fs::read(s.layer_entries_path(&diff_ids[i])).unwrap();
+    let entries = |i: usize| std::fs::File::open(s.layer_entries_path(&diff_ids[i])).unwrap();
+
+    // How each layer is fed: the chunks its tap sends before it closes
+    // (None: a layer from the store), and how its import ends.
+    type Feed = Option<(usize, &'static str)>;
+    let cases: [(&str, [Feed; 2]); 5] = [
+        (
+            "every line through the taps",
+            [Some((usize::MAX, "checked")); 2],
+        ),
+        (
+            "the taps give up after a chunk (full): the rest from the entries",
+            [Some((1, "checked")); 2],
+        ),
+        ("no line through the taps", [Some((0, "checked")); 2]),
+        (
+            "the bottom layer from the store",
+            [None, Some((2, "checked"))],
+        ),
+        (
+            "the top layer's import found it in the store",
+            [Some((usize::MAX, "checked")), Some((0, "in store"))],
+        ),
+    ];
+    for (case, feeds) in cases {
+        let mut ends = Vec::new();
+        let feeds: Vec<LayerFeed> = feeds
+            .iter()
+            .enumerate()
+            .map(|(i, f)| match f {
+                None => {
+                    ends.push(None);
+                    LayerFeed::Store
+                }
+                Some((chunks, end)) => {
+                    let all = chunks_of(&record(i), 50);
+                    let (tx, rx) = mpsc::sync_channel(all.len() + 1);
+                    for c in all.into_iter().take(*chunks) {
+                        tx.send(c).unwrap();
+                    }
+                    ends.push(Some(*end));
+                    LayerFeed::Lines(rx)
+                }
+            })
+            .collect();
+        let tree = build_tree_as_imported(&s, &diff_ids, feeds, &mut |i| match ends[i] {
+            Some("checked") => LayerEnd::Checked(entries(i)),
+            Some("in store") => LayerEnd::InStore,
+            other => panic!("layer {i} asked for its end: {other:?}"),
+        })
+        .unwrap();
+        let img = StagedImage::from_tree(&s, &manifest, &config, None, None, tree)
+            .unwrap()
+            .publish()
+            .unwrap();
+        assert_eq!(img.image_digest, expected, "{case}");
+    }
+
+    // An import that fails after its lines were sent fails the tree; one
+    // that sent lines and then says the store has the layer is refused.
+    for (failed, want) in [
+        (true, "import failed"),
+        (false, "found its record in the store"),
+    ] {
+        let end = || {
+            if failed {
+                LayerEnd::Failed
+            } else {
+                LayerEnd::InStore
+            }
+        };
+        let (tx, rx) = mpsc::sync_channel(4);
+        tx.send(chunks_of(&record(0), 50).remove(0)).unwrap();
+        drop(tx);
+        let e = build_tree_as_imported(&s, &diff_ids[..1], vec![LayerFeed::Lines(rx)], &mut |_| {
+            end()
+        })
+        .err()
+        .expect("the tree fails")
+        .to_string();
+        assert!(e.contains(want), "{e}");
+    }
+    // A tree for other layers than the config's is refused.
+    let (tx, rx) = mpsc::sync_channel(1);
+    drop(tx);
+    let tree = build_tree_as_imported(&s, &diff_ids[..1], vec![LayerFeed::Lines(rx)], &mut |_| {
+        LayerEnd::Checked(entries(0))
+    })
+    .unwrap();
+    let e = StagedImage::from_tree(&s, &manifest, &config, None, None, tree)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("other layers"), "{e}");
+}

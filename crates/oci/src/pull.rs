@@ -405,43 +405,85 @@ pub fn pull(
         reference: reference.to_string(),
         error: Box::new(error),
     };
-    // The image is written from the entries of the layers imported now as
-    // soon as each is checked, while their last objects and records are
-    // published (a sync of each stream's tail: 50-130 ms for the python
-    // image), and published once they are. A layer imported now that the
-    // image holds twice is read from its record, after it is published.
+    // The image's tree is built from the lines of the layers imported now
+    // as their imports write them, and the image is written once each is
+    // checked, while their last objects and records are published (a sync
+    // of each stream's tail: 50-130 ms for the python image); it is
+    // published once they are. A layer imported now that the image holds
+    // twice is read from its record, after it is published.
     let overlap = todo.iter().all(|&i| {
         let d = &resolved.layers[i].diff_id;
         resolved.layers.iter().filter(|l| &l.diff_id == d).count() == 1
     });
-    let stage = |entries| {
+    let stage = |tree: Option<cairn_image::BuiltTree>| {
         observer.event(&PullEvent::Assembling);
-        cairn_image::StagedImage::stage(
-            store,
-            &resolved.manifest_bytes,
-            &resolved.config_bytes,
-            opts.name.as_deref(),
-            Some(&source),
-            entries,
-        )
+        match tree {
+            Some(tree) => cairn_image::StagedImage::from_tree(
+                store,
+                &resolved.manifest_bytes,
+                &resolved.config_bytes,
+                opts.name.as_deref(),
+                Some(&source),
+                tree,
+            ),
+            None => cairn_image::StagedImage::stage(
+                store,
+                &resolved.manifest_bytes,
+                &resolved.config_bytes,
+                opts.name.as_deref(),
+                Some(&source),
+                Vec::new(),
+            ),
+        }
     };
+    // With the overlap, the tree is built on this thread from each
+    // fetched layer's lines as its import writes them (a tap per layer),
+    // and from the records of the layers in the store.
+    let diff_ids: Vec<String> = resolved
+        .layers
+        .iter()
+        .map(|l| l.diff_id.to_string())
+        .collect();
+    let mut feeds = Vec::new();
+    let mut taps: Vec<Mutex<Option<cairn_image::LineTap>>> = Vec::new();
+    for &f in &fetched {
+        if overlap && f {
+            let (tx, rx) = mpsc::sync_channel(TAP_CHUNKS);
+            feeds.push(cairn_image::LayerFeed::Lines(rx));
+            taps.push(Mutex::new(Some(cairn_image::LineTap::new(tx))));
+        } else {
+            feeds.push(cairn_image::LayerFeed::Store);
+            taps.push(Mutex::new(None));
+        }
+    }
     let (checked_tx, checked_rx) = mpsc::channel::<(usize, Option<File>)>();
     let (fetched_layers, staged) = std::thread::scope(|s| {
-        // The sender goes with the fetcher: once it has ended, the
-        // receiver below stops waiting.
+        // The senders (the taps and `checked_tx`) go with the fetcher:
+        // once it has ended, the tree below stops waiting for them.
         let (reg, resolved, todo) = (&reg, &resolved, &todo);
+        let reports = Reports {
+            taps,
+            checked: checked_tx,
+        };
         let fetcher =
-            s.spawn(move || fetch_layers(store, reg, resolved, todo, opts, observer, &checked_tx));
-        let mut entries: Vec<Option<File>> = resolved.layers.iter().map(|_| None).collect();
-        let mut waiting = todo.len();
-        while overlap && waiting > 0 {
-            let Ok((index, file)) = checked_rx.recv() else {
-                break;
-            };
-            entries[index] = file;
-            waiting -= 1;
-        }
-        let staged = (overlap && waiting == 0).then(|| stage(entries));
+            s.spawn(move || fetch_layers(store, reg, resolved, todo, opts, observer, &reports));
+        let staged = overlap.then(|| {
+            let mut reported: Vec<Option<Option<File>>> =
+                resolved.layers.iter().map(|_| None).collect();
+            cairn_image::build_tree_as_imported(store, &diff_ids, feeds, &mut |i| loop {
+                if let Some(entries) = reported[i].take() {
+                    return match entries {
+                        Some(file) => cairn_image::LayerEnd::Checked(file),
+                        None => cairn_image::LayerEnd::InStore,
+                    };
+                }
+                match checked_rx.recv() {
+                    Ok((j, entries)) => reported[j] = Some(entries),
+                    Err(_) => return cairn_image::LayerEnd::Failed,
+                }
+            })
+            .and_then(|tree| stage(Some(tree)))
+        });
         let fetched_layers = fetcher
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -449,7 +491,7 @@ pub fn pull(
     });
     fetched_layers?;
     let staged = staged
-        .unwrap_or_else(|| stage(Vec::new()))
+        .unwrap_or_else(|| stage(None))
         .map_err(assemble_err)?;
     let image = staged.publish().map_err(assemble_err)?;
     let layers = resolved
@@ -486,8 +528,9 @@ pub fn pull(
 /// Fetches and imports the layers at `todo` (indexes into
 /// `resolved.layers`), `opts.jobs` at a time. The first failure stops the
 /// others and is the one returned.
-/// Each layer's entries (or `None`: read them from the store) go to
-/// `checked` once the layer is checked; see [`cairn_image::import_layer_with`].
+/// Each layer's import writes its lines into its tap in `reports`, and
+/// sends its entries (or `None`: read them from the store) to `checked`
+/// once the layer is checked; see [`cairn_image::import_layer_with`].
 fn fetch_layers(
     store: &cairn_store::Store,
     reg: &Registry,
@@ -495,7 +538,7 @@ fn fetch_layers(
     todo: &[usize],
     opts: &PullOptions,
     observer: &dyn PullObserver,
-    checked: &mpsc::Sender<(usize, Option<File>)>,
+    reports: &Reports,
 ) -> Result<(), PullError> {
     let next = AtomicUsize::new(0);
     let cancel = AtomicBool::new(false);
@@ -508,8 +551,20 @@ fn fetch_layers(
             };
             let layer = &resolved.layers[index];
             observer.event(&PullEvent::LayerStart { index, layer });
+            let tap = reports.taps[index]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
             if let Err(e) = fetch_layer(
-                store, reg, resolved, index, &cancel, opts, observer, checked,
+                store,
+                reg,
+                resolved,
+                index,
+                &cancel,
+                opts,
+                observer,
+                tap,
+                &reports.checked,
             ) {
                 cancel.store(true, Ordering::Relaxed);
                 let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -534,6 +589,39 @@ fn fetch_layers(
     }
 }
 
+/// Where the layers' imports report to the pull's tree: each layer's tap
+/// (taken by its import), and each layer's entries once it is checked
+/// (`None`: read its record from the store).
+struct Reports {
+    taps: Vec<Mutex<Option<cairn_image::LineTap>>>,
+    checked: mpsc::Sender<(usize, Option<File>)>,
+}
+
+/// Lines a layer's tap holds before it gives up (see
+/// [`cairn_image::LineTap`]): about 1 MiB each.
+const TAP_CHUNKS: usize = 16;
+
+/// One layer's [`cairn_image::LayerWatch`]: its tap, and its entries to
+/// `checked` once the layer is checked.
+struct Watch<'a> {
+    index: usize,
+    tap: Option<cairn_image::LineTap>,
+    checked: &'a mpsc::Sender<(usize, Option<File>)>,
+    sent: bool,
+}
+
+impl cairn_image::LayerWatch for Watch<'_> {
+    fn tap(&mut self) -> Option<cairn_image::LineTap> {
+        self.tap.take()
+    }
+
+    fn checked(&mut self, layer: cairn_image::CheckedLayer) {
+        // The receiver may be gone (the pull failed): nothing to do.
+        let _ = self.checked.send((self.index, Some(layer.entries)));
+        self.sent = true;
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn fetch_layer(
     store: &cairn_store::Store,
@@ -543,6 +631,7 @@ fn fetch_layer(
     cancel: &AtomicBool,
     opts: &PullOptions,
     observer: &dyn PullObserver,
+    tap: Option<cairn_image::LineTap>,
     checked: &mpsc::Sender<(usize, Option<File>)>,
 ) -> Result<(), PullError> {
     let layer = &resolved.layers[index];
@@ -563,7 +652,12 @@ fn fetch_layer(
         }),
     );
     let slot = reader.error_slot();
-    let mut sent = false;
+    let mut watch = Watch {
+        index,
+        tap,
+        checked,
+        sent: false,
+    };
     let result = cairn_image::import_layer_with(
         store,
         reader,
@@ -571,15 +665,11 @@ fn fetch_layer(
         Some(layer.digest.as_str()),
         Some(layer.diff_id.as_str()),
         &opts.limits,
-        &mut |layer| {
-            // The receiver may be gone (the pull failed): nothing to do.
-            let _ = checked.send((index, Some(layer.entries)));
-            sent = true;
-        },
+        &mut watch,
     );
     match result {
         Ok(_) => {
-            if !sent {
+            if !watch.sent {
                 // In the store already: its record is published.
                 let _ = checked.send((index, None));
             }
