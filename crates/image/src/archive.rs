@@ -1044,10 +1044,19 @@ pub fn import_dir(
             vec![entries],
         )
     };
-    let mut staged = None;
     let (tx, rx) = mpsc::sync_channel(4);
-    let info = std::thread::scope(|s| {
+    let (checked_tx, checked_rx) = mpsc::channel::<CheckedLayer>();
+    let (info, staged) = std::thread::scope(|s| {
         let tree = &tree;
+        // The image is written on its own thread while the layer's last
+        // objects and its record are published, as a pull writes it.
+        let stage = &stage;
+        let stager = s.spawn(move || {
+            checked_rx
+                .recv()
+                .ok()
+                .map(|l| stage(&l.diff_id, l.size, Some(l.entries)))
+        });
         s.spawn(move || {
             let mut w = ChannelWriter {
                 tx: tx.clone(),
@@ -1064,20 +1073,25 @@ pub fn import_dir(
             buf: Vec::new(),
             pos: 0,
         };
-        import_layer_with(
+        let info = import_layer_with(
             store,
             reader,
             Some(mt::OCI_LAYER_TAR),
             None,
             None,
             &opts.limits,
-            // The image is written while the layer's last objects are
-            // published, as a pull writes it.
             &mut |layer: CheckedLayer| {
-                staged = Some(stage(&layer.diff_id, layer.size, Some(layer.entries)));
+                // The receiver is there until this send or the end.
+                let _ = checked_tx.send(layer);
             },
-        )
-    })?;
+        );
+        drop(checked_tx);
+        let staged = stager
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (info, staged)
+    });
+    let info = info?;
     let staged = match staged {
         Some(staged) => staged?,
         None => stage(&info.diff_id, info.size, None)?,

@@ -8,13 +8,15 @@
 //! held shared throughout, so garbage collection cannot take what the image
 //! is being made of.
 //!
-//! A pull writes the image earlier ([`StagedImage`]): from the entries of
-//! the layers it imports, as soon as each is checked, while their last
-//! objects and records are still being published. It publishes the image
-//! once they are. When every layer was imported by the pull, no object is
-//! looked up again (each import named or found each of its objects under
-//! the shared lock); when any was in the store already, every object the
-//! image names is.
+//! Every import path writes the image earlier ([`StagedImage`]): from the
+//! entries of the layers it imports, as soon as each is checked, or from a
+//! tree built while they streamed ([`crate::build_tree_as_imported`]),
+//! while their last objects and records are still being published. It
+//! publishes the image once they are. When every layer was imported now,
+//! no object is looked up again (each import named or found each of its
+//! objects under the shared lock); when any was in the store already,
+//! every object the image names is: while the image is written when all
+//! of them were, at `publish` otherwise.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -30,6 +32,7 @@ use cairn_store::{
 };
 
 use crate::apply::{apply_layer, compact, empty_image};
+use crate::early::BuiltTree;
 use crate::layer::LayerInfo;
 use crate::LayerError;
 
@@ -174,163 +177,6 @@ enum TreeFrom {
     Built(BuiltTree),
 }
 
-/// An image's tree, built while its layers were imported; see
-/// [`build_tree_as_imported`].
-pub struct BuiltTree {
-    tree: Tree,
-    diff_ids: Vec<String>,
-    /// Some layer was read from its record in the store.
-    from_store: bool,
-}
-
-/// Where a layer's entries come from for [`build_tree_as_imported`].
-pub enum LayerFeed {
-    /// Its record in the store.
-    Store,
-    /// Being imported: the receiving end of its [`crate::LineTap`].
-    Lines(std::sync::mpsc::Receiver<Vec<u8>>),
-}
-
-/// What [`build_tree_as_imported`] learns of a layer fed by
-/// [`LayerFeed::Lines`] once the tap has closed.
-pub enum LayerEnd {
-    /// Checked: its entries file ([`crate::CheckedLayer::entries`]).
-    Checked(File),
-    /// In the store already: its import wrote no line and no record.
-    InStore,
-    /// Its import failed.
-    Failed,
-}
-
-/// Builds the tree of an image whose layers are being imported, while
-/// they are: each layer's lines are applied as its import writes them
-/// (bottom first; a layer's lines wait in its tap, or in its entries file,
-/// until those below it are applied). `end(i)` waits until layer `i`'s
-/// import has checked its stream (its tap is closed by then) and says how
-/// it ended. The tree is final once every layer fed by lines is checked;
-/// hand it to [`StagedImage::from_tree`].
-pub fn build_tree_as_imported(
-    store: &Store,
-    diff_ids: &[String],
-    mut feeds: Vec<LayerFeed>,
-    end: &mut dyn FnMut(usize) -> LayerEnd,
-) -> Result<BuiltTree, LayerError> {
-    let started = std::time::Instant::now();
-    let mut image = empty_image();
-    let mut from_store = false;
-    for (i, diff_id) in diff_ids.iter().enumerate() {
-        let feed = feeds
-            .get_mut(i)
-            .map(|f| std::mem::replace(f, LayerFeed::Store));
-        match feed {
-            Some(LayerFeed::Lines(rx)) => {
-                let fed = FedLines {
-                    rx: Some(rx),
-                    chunk: Vec::new(),
-                    pos: 0,
-                    got: 0,
-                    rest: None,
-                    end: &mut || end(i),
-                    store,
-                    diff_id,
-                    from_store: &mut from_store,
-                };
-                apply_layer(
-                    &mut image,
-                    BufReader::with_capacity(64 * 1024, fed),
-                    diff_id,
-                )?;
-            }
-            _ => {
-                from_store = true;
-                apply_layer(&mut image, open_record(store, diff_id)?, diff_id)?;
-            }
-        }
-    }
-    let tree = compact(image);
-    tracing::debug!(
-        "image: {} inodes from {} layers, the last applied {:?} after the start",
-        tree.inodes.len(),
-        diff_ids.len(),
-        started.elapsed()
-    );
-    Ok(BuiltTree {
-        tree,
-        diff_ids: diff_ids.to_vec(),
-        from_store,
-    })
-}
-
-/// A layer's record in the store, to read.
-fn open_record(store: &Store, diff_id: &str) -> Result<BufReader<File>, LayerError> {
-    let path = store.layer_entries_path(diff_id);
-    let file = File::open(&path).map_err(|e| LayerError::Apply {
-        layer: diff_id.to_owned(),
-        path: path.display().to_string(),
-        reason: format!("opening the layer record: {e}"),
-    })?;
-    Ok(BufReader::with_capacity(1 << 20, file))
-}
-
-/// A layer's entry lines: those its tap sends, then the rest of its
-/// entries file, from where the tap stopped.
-struct FedLines<'a> {
-    rx: Option<std::sync::mpsc::Receiver<Vec<u8>>>,
-    chunk: Vec<u8>,
-    pos: usize,
-    /// Bytes the tap sent.
-    got: u64,
-    rest: Option<BufReader<File>>,
-    end: &'a mut dyn FnMut() -> LayerEnd,
-    store: &'a Store,
-    diff_id: &'a str,
-    from_store: &'a mut bool,
-}
-
-impl std::io::Read for FedLines<'_> {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        use std::io::{Seek, SeekFrom};
-        loop {
-            if self.pos < self.chunk.len() {
-                let n = out.len().min(self.chunk.len() - self.pos);
-                out[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
-                self.pos += n;
-                return Ok(n);
-            }
-            if let Some(rest) = &mut self.rest {
-                return rest.read(out);
-            }
-            if let Some(rx) = &self.rx {
-                if let Ok(chunk) = rx.recv() {
-                    self.got += chunk.len() as u64;
-                    self.chunk = chunk;
-                    self.pos = 0;
-                    continue;
-                }
-                self.rx = None;
-            }
-            // The tap is closed: the rest is in the entries file.
-            let mut file = match (self.end)() {
-                LayerEnd::Checked(file) => file,
-                LayerEnd::InStore if self.got == 0 => {
-                    *self.from_store = true;
-                    File::open(self.store.layer_entries_path(self.diff_id))?
-                }
-                LayerEnd::InStore => {
-                    return Err(std::io::Error::other(
-                        "the layer's import sent lines, then found its record in the store",
-                    ))
-                }
-                LayerEnd::Failed => {
-                    return Err(std::io::Error::other("the layer's import failed"));
-                }
-            };
-            file.seek(SeekFrom::Start(self.got))?;
-            self.rest = Some(BufReader::with_capacity(1 << 20, file));
-        }
-    }
-}
-
 /// Sums regular file sizes (each inode once).
 fn content_size(tree: &Tree) -> u64 {
     tree.inodes
@@ -454,7 +300,8 @@ impl<'a> StagedImage<'a> {
     /// store's shared lock, which the caller holds from that import on).
     /// So when every layer is given by its entries, no object is looked
     /// up; when any is read from the store, every object the image names
-    /// is, as [`assemble_image`] does.
+    /// is, as [`assemble_image`] does (while the image is written when
+    /// every layer is read from the store, at `publish` otherwise).
     pub fn stage(
         store: &'a Store,
         manifest_json: &[u8],
@@ -463,6 +310,9 @@ impl<'a> StagedImage<'a> {
         source: Option<&str>,
         entries: Vec<Option<File>>,
     ) -> Result<StagedImage<'a>, LayerError> {
+        // Every layer from the store: the objects are looked up while the
+        // image is written, not after.
+        let check_now = entries.iter().all(Option::is_none);
         Self::write(
             store,
             manifest_json,
@@ -470,12 +320,12 @@ impl<'a> StagedImage<'a> {
             name,
             source,
             TreeFrom::Entries(entries),
-            false,
+            check_now,
         )
     }
 
     /// [`stage`](Self::stage) from a tree built as the layers were
-    /// imported ([`build_tree_as_imported`]).
+    /// imported ([`crate::build_tree_as_imported`]).
     pub fn from_tree(
         store: &'a Store,
         manifest_json: &[u8],
@@ -683,58 +533,6 @@ pub(crate) fn rfc3339(secs: i64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{Read, Write};
-
-    /// Reads a layer's lines as [`super::build_tree_as_imported`] does:
-    /// `sent` chunks through the tap, then the rest of `file`.
-    fn fed(store: &super::Store, record: &[u8], chunk: usize, sent: usize) -> Vec<u8> {
-        let mut file = tempfile::tempfile().unwrap();
-        file.write_all(record).unwrap();
-        let (tx, rx) = std::sync::mpsc::sync_channel(sent.max(1));
-        for c in record.chunks(chunk).take(sent) {
-            tx.send(c.to_vec()).unwrap();
-        }
-        drop(tx);
-        let mut from_store = false;
-        let mut file = Some(file);
-        let mut lines = super::FedLines {
-            rx: Some(rx),
-            chunk: Vec::new(),
-            pos: 0,
-            got: 0,
-            rest: None,
-            end: &mut || super::LayerEnd::Checked(file.take().expect("asked once")),
-            store,
-            diff_id: "sha256:0",
-            from_store: &mut from_store,
-        };
-        let mut out = Vec::new();
-        lines.read_to_end(&mut out).unwrap();
-        out
-    }
-
-    #[test]
-    fn a_layers_lines_are_the_taps_then_the_rest_of_its_entries() {
-        let d = tempfile::tempdir().unwrap();
-        let store = super::Store::open(d.path()).unwrap();
-        let record: Vec<u8> = (0..10_000u32)
-            .flat_map(|i| format!("/line{i} 100644\n").into_bytes())
-            .collect();
-        for (chunk, sent) in [
-            (4096, 0),
-            (4096, 1),
-            (4096, 3),
-            (4096, 1000),
-            (1, 7),
-            (record.len(), 1),
-        ] {
-            assert!(
-                fed(&store, &record, chunk, sent) == record,
-                "chunks of {chunk}, {sent} sent"
-            );
-        }
-    }
-
     #[test]
     fn rfc3339() {
         assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");

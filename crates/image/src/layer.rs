@@ -31,6 +31,7 @@ use cairn_store::{
 use crate::decompress::{
     open_blob, Compression, DecompressError, LimitError, OpenError, SourceError,
 };
+use crate::early::LineTap;
 use crate::entry::{lossy, prepare, AddError, Prepared};
 use crate::tar::{Chunk, TarEntry, TarError, TarErrorKind, TarLimits, TarReader};
 use crate::{pipeline, LayerError};
@@ -165,34 +166,6 @@ pub struct CheckedLayer {
     pub size: u64,
 }
 
-/// The entry lines of a layer being imported, as they are written to its
-/// record: whole lines, in order, in chunks of about 1 MiB. Best effort: a
-/// chunk the receiver has no room for ends the tap (it is dropped, so the
-/// receiver sees the channel close), and the receiver reads the rest from
-/// the entries file once the layer is checked, from the number of bytes it
-/// got. The receiver must treat nothing as final before the layer is
-/// checked: a layer that fails later sends lines too.
-#[derive(Debug)]
-pub struct LineTap {
-    tx: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
-}
-
-impl LineTap {
-    /// A tap sending into `tx`.
-    pub fn new(tx: std::sync::mpsc::SyncSender<Vec<u8>>) -> LineTap {
-        LineTap { tx: Some(tx) }
-    }
-
-    fn send(&mut self, lines: &[u8]) {
-        if let Some(tx) = &self.tx {
-            if tx.try_send(lines.to_vec()).is_err() {
-                // Full (the reader is busy with another layer) or gone.
-                self.tx = None;
-            }
-        }
-    }
-}
-
 /// What an import reports while it runs; see [`import_layer_with`]. A
 /// closure taking a [`CheckedLayer`] is one.
 pub trait LayerWatch {
@@ -218,8 +191,10 @@ impl<F: FnMut(CheckedLayer)> LayerWatch for F {
 /// entries file and the stream's size ([`CheckedLayer`]), before the
 /// layer's last objects and its record are published, so that a caller
 /// can build an image from it meanwhile (`crate::assemble::StagedImage`).
-/// It is called at most once, and not at all when the store had the layer
-/// already.
+/// It is called at most once. Before the first entry line, the import asks
+/// `checked` for a tap ([`LayerWatch::tap`]) and sends its record lines
+/// through it as it writes them (see [`crate::LineTap`]). Neither is done
+/// when the store had the layer already.
 pub fn import_layer_with(
     store: &Store,
     blob: impl Read + Send,
@@ -815,6 +790,7 @@ impl<'s> LayerBuilder<'s> {
             .map_err(|e| AddError::Reason(format!("writing the layer record: {e}")))?;
         if let Some(tap) = &mut self.tap {
             if !self.pending.is_empty() {
+                // Refused, it stops: the reader reads the rest from the file.
                 tap.send(&self.pending);
             }
         }

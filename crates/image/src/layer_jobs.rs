@@ -12,12 +12,13 @@
 
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::Mutex;
 
 use cairn_store::Store;
 
-use crate::assemble::{build_tree_as_imported, BuiltTree, LayerEnd, LayerFeed, StagedImage};
-use crate::layer::{CheckedLayer, LayerInfo, LayerWatch, LineTap};
+use crate::assemble::StagedImage;
+use crate::early::{build_tree_as_imported, BuiltTree};
+use crate::layer::{CheckedLayer, LayerInfo, LayerWatch};
 use crate::LayerError;
 
 /// Layers imported at once when the caller does not say (`cairn pull`'s
@@ -104,21 +105,18 @@ where
 /// layer whose import reported one.
 pub(crate) type TreeAndSizes = (BuiltTree, Vec<Option<u64>>);
 
-/// Lines a layer's tap holds before it gives up (see [`LineTap`]): about
-/// 1 MiB each.
-const TAP_CHUNKS: usize = 16;
-
 /// [`import_each`], and the image's tree built as the layers are imported
-/// ([`build_tree_as_imported`], on the calling thread), then staged with
-/// `stage` while the last layers are still published. `import(i, cancel,
-/// watch)` imports layer `i` with `watch` as [`crate::import_layer_with`]'s,
-/// or returns `None` for a layer it does not import (its record is read
-/// from the store). `stage` gets the tree and each layer's stream size
-/// where the import reported one; without `overlap` (a layer imported now
-/// is in the image twice, and the image reads it from its record), it
-/// gets `None` after the last import and builds the image from the
-/// records. An import that fails after its lines were applied fails the
-/// whole: the tree (or the staged image) is dropped and publishes nothing.
+/// ([`crate::build_tree_as_imported`], on the calling thread), then staged
+/// with `stage` while the last layers are still published. `import(i,
+/// cancel, watch)` imports layer `i` with `watch` as
+/// [`crate::import_layer_with`]'s, or returns `None` for a layer it does
+/// not import (its record is read from the store). `stage` gets the tree
+/// and each layer's stream size where the import reported one; without
+/// `overlap` (a layer imported now is in the image twice, and the image
+/// reads it from its record), it gets `None` after the last import and
+/// builds the image from the records. An import that fails after its
+/// lines were applied fails the whole: the tree (or the staged image) is
+/// dropped and publishes nothing.
 pub(crate) fn import_each_staged<'s, F>(
     store: &Store,
     diff_ids: &[String],
@@ -137,52 +135,19 @@ where
         })?;
         return Ok((infos, stage(None)?));
     }
-    let (tx, rx) = mpsc::channel::<(usize, Option<CheckedLayer>)>();
-    let mut feeds = Vec::with_capacity(count);
-    let mut taps = Vec::with_capacity(count);
-    for _ in 0..count {
-        let (tap_tx, tap_rx) = mpsc::sync_channel(TAP_CHUNKS);
-        feeds.push(LayerFeed::Lines(tap_rx));
-        taps.push(Mutex::new(Some(LineTap::new(tap_tx))));
-    }
+    let (feeds, reports, mut ends) = crate::early::reports(&vec![true; count]);
     let (infos, staged) = std::thread::scope(|s| {
-        // The senders (the taps and `tx`) go with the importer: once it
-        // has ended, the tree below stops waiting for them.
+        // The reports (the taps and their channel) go with the importer:
+        // once it has ended, the tree below stops waiting for them.
         let import = &import;
         let importer = s.spawn(move || {
-            let taps = taps;
+            let reports = reports;
             import_each(count, jobs, |i, cancel| {
-                let mut watch = Watch {
-                    index: i,
-                    tap: taps[i].lock().unwrap_or_else(|p| p.into_inner()).take(),
-                    done: &tx,
-                    sent: false,
-                };
-                let result = import(i, cancel, &mut watch);
-                if result.is_ok() && !watch.sent {
-                    let _ = tx.send((i, None));
-                }
-                result
+                reports.import(i, |watch| import(i, cancel, watch))
             })
         });
-        let mut reported: Vec<Option<Option<CheckedLayer>>> = (0..count).map(|_| None).collect();
-        let mut sizes: Vec<Option<u64>> = vec![None; count];
-        let built = build_tree_as_imported(store, diff_ids, feeds, &mut |i| loop {
-            if let Some(layer) = reported[i].take() {
-                return match layer {
-                    Some(l) => {
-                        sizes[i] = Some(l.size);
-                        LayerEnd::Checked(l.entries)
-                    }
-                    None => LayerEnd::InStore,
-                };
-            }
-            match rx.recv() {
-                Ok((j, layer)) => reported[j] = Some(layer),
-                Err(_) => return LayerEnd::Failed,
-            }
-        });
-        let staged = built.and_then(|tree| stage(Some((tree, sizes))));
+        let built = build_tree_as_imported(store, diff_ids, feeds, &mut |i| ends.end(i));
+        let staged = built.and_then(|tree| stage(Some((tree, ends.sizes().to_vec()))));
         let infos = importer
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -191,26 +156,6 @@ where
     // The import's own error says more than the tree's "import failed".
     let infos = infos?;
     Ok((infos, staged?))
-}
-
-/// One layer's [`LayerWatch`] in [`import_each_staged`].
-struct Watch<'a> {
-    index: usize,
-    tap: Option<LineTap>,
-    done: &'a mpsc::Sender<(usize, Option<CheckedLayer>)>,
-    sent: bool,
-}
-
-impl LayerWatch for Watch<'_> {
-    fn tap(&mut self) -> Option<LineTap> {
-        self.tap.take()
-    }
-
-    fn checked(&mut self, layer: CheckedLayer) {
-        // The receiver may be gone (its tree failed): nothing to do.
-        let _ = self.done.send((self.index, Some(layer)));
-        self.sent = true;
-    }
 }
 
 /// For each layer, whether it is the first of the image with its diff_id

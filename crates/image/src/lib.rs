@@ -27,6 +27,7 @@ mod apply;
 mod archive;
 mod assemble;
 mod decompress;
+mod early;
 mod entry;
 mod error;
 mod export;
@@ -45,19 +46,21 @@ pub use archive::{import_dir, import_docker_archive, import_oci_layout, ImportOp
 #[doc(hidden)]
 pub use assemble::fuzz_parse_image;
 pub use assemble::{
-    assemble_image, assemble_image_from, build_image_tree, build_tree_as_imported, now_rfc3339,
-    BuiltTree, ImportedImage, LayerEnd, LayerFeed, StagedImage,
+    assemble_image, assemble_image_from, build_image_tree, now_rfc3339, ImportedImage, StagedImage,
 };
 /// The platform an import picks from an index: `cairn-spec`'s, the one a
 /// registry pull uses too.
 pub use cairn_spec::PlatformSpec;
 pub use decompress::Compression;
+pub use early::{
+    build_tree_as_imported, reports, taps, BuiltTree, Ends, LayerEnd, LayerFeed, LineTap, Reports,
+    TapChunk, TAP_BUDGET,
+};
 pub use error::LayerError;
 pub use export::{export_oci_layout, write_tar, write_tar_from, ExportedImage, TarContents};
 pub use fuzz::fuzz_apply;
 pub use layer::{
     has_layer, import_layer, import_layer_with, CheckedLayer, LayerInfo, LayerWatch, Limits,
-    LineTap,
 };
 pub use layer_jobs::DEFAULT_LAYER_JOBS;
 pub use scan::{scan_dir, ScanError, ScanOptions, ScanStats};

@@ -621,10 +621,19 @@ fn chunks_of(record: &[u8], lines: usize) -> Vec<Vec<u8>> {
     out
 }
 
+/// A layer's feed whose tap has sent the first `sent` of `chunks`, and closed.
+fn fed(chunks: &[Vec<u8>], sent: usize) -> cairn_image::LayerFeed {
+    let (mut feeds, mut taps) = cairn_image::taps(&[true]);
+    let mut tap = taps.pop().flatten().expect("a tap");
+    for c in chunks.iter().take(sent) {
+        assert!(tap.send(c), "room for the test's chunks");
+    }
+    feeds.pop().expect("a feed")
+}
+
 #[test]
 fn a_tree_built_from_tapped_lines_is_the_one_the_records_make() {
     use cairn_image::{build_tree_as_imported, LayerEnd, LayerFeed, StagedImage};
-    use std::sync::mpsc;
 
     let (_d, s) = store();
     let mut a = Layer::new();
@@ -686,13 +695,8 @@ fn a_tree_built_from_tapped_lines_is_the_one_the_records_make() {
                     LayerFeed::Store
                 }
                 Some((chunks, end)) => {
-                    let all = chunks_of(&record(i), 50);
-                    let (tx, rx) = mpsc::sync_channel(all.len() + 1);
-                    for c in all.into_iter().take(*chunks) {
-                        tx.send(c).unwrap();
-                    }
                     ends.push(Some(*end));
-                    LayerFeed::Lines(rx)
+                    fed(&chunks_of(&record(i), 50), *chunks)
                 }
             })
             .collect();
@@ -722,21 +726,15 @@ fn a_tree_built_from_tapped_lines_is_the_one_the_records_make() {
                 LayerEnd::InStore
             }
         };
-        let (tx, rx) = mpsc::sync_channel(4);
-        tx.send(chunks_of(&record(0), 50).remove(0)).unwrap();
-        drop(tx);
-        let e = build_tree_as_imported(&s, &diff_ids[..1], vec![LayerFeed::Lines(rx)], &mut |_| {
-            end()
-        })
-        .err()
-        .expect("the tree fails")
-        .to_string();
+        let feed = fed(&chunks_of(&record(0), 50), 1);
+        let e = build_tree_as_imported(&s, &diff_ids[..1], vec![feed], &mut |_| end())
+            .err()
+            .expect("the tree fails")
+            .to_string();
         assert!(e.contains(want), "{e}");
     }
     // A tree for other layers than the config's is refused.
-    let (tx, rx) = mpsc::sync_channel(1);
-    drop(tx);
-    let tree = build_tree_as_imported(&s, &diff_ids[..1], vec![LayerFeed::Lines(rx)], &mut |_| {
+    let tree = build_tree_as_imported(&s, &diff_ids[..1], vec![fed(&[], 0)], &mut |_| {
         LayerEnd::Checked(entries(0))
     })
     .unwrap();

@@ -18,9 +18,8 @@
 //! store except through the importer.
 
 use std::collections::HashSet;
-use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::Mutex;
 
 use serde::Serialize;
 
@@ -444,45 +443,17 @@ pub fn pull(
         .iter()
         .map(|l| l.diff_id.to_string())
         .collect();
-    let mut feeds = Vec::new();
-    let mut taps: Vec<Mutex<Option<cairn_image::LineTap>>> = Vec::new();
-    for &f in &fetched {
-        if overlap && f {
-            let (tx, rx) = mpsc::sync_channel(TAP_CHUNKS);
-            feeds.push(cairn_image::LayerFeed::Lines(rx));
-            taps.push(Mutex::new(Some(cairn_image::LineTap::new(tx))));
-        } else {
-            feeds.push(cairn_image::LayerFeed::Store);
-            taps.push(Mutex::new(None));
-        }
-    }
-    let (checked_tx, checked_rx) = mpsc::channel::<(usize, Option<File>)>();
+    let tapped: Vec<bool> = fetched.iter().map(|&f| overlap && f).collect();
+    let (feeds, reports, mut ends) = cairn_image::reports(&tapped);
     let (fetched_layers, staged) = std::thread::scope(|s| {
-        // The senders (the taps and `checked_tx`) go with the fetcher:
+        // The reports (the taps and their channel) go with the fetcher:
         // once it has ended, the tree below stops waiting for them.
         let (reg, resolved, todo) = (&reg, &resolved, &todo);
-        let reports = Reports {
-            taps,
-            checked: checked_tx,
-        };
         let fetcher =
             s.spawn(move || fetch_layers(store, reg, resolved, todo, opts, observer, &reports));
         let staged = overlap.then(|| {
-            let mut reported: Vec<Option<Option<File>>> =
-                resolved.layers.iter().map(|_| None).collect();
-            cairn_image::build_tree_as_imported(store, &diff_ids, feeds, &mut |i| loop {
-                if let Some(entries) = reported[i].take() {
-                    return match entries {
-                        Some(file) => cairn_image::LayerEnd::Checked(file),
-                        None => cairn_image::LayerEnd::InStore,
-                    };
-                }
-                match checked_rx.recv() {
-                    Ok((j, entries)) => reported[j] = Some(entries),
-                    Err(_) => return cairn_image::LayerEnd::Failed,
-                }
-            })
-            .and_then(|tree| stage(Some(tree)))
+            cairn_image::build_tree_as_imported(store, &diff_ids, feeds, &mut |i| ends.end(i))
+                .and_then(|tree| stage(Some(tree)))
         });
         let fetched_layers = fetcher
             .join()
@@ -528,9 +499,8 @@ pub fn pull(
 /// Fetches and imports the layers at `todo` (indexes into
 /// `resolved.layers`), `opts.jobs` at a time. The first failure stops the
 /// others and is the one returned.
-/// Each layer's import writes its lines into its tap in `reports`, and
-/// sends its entries (or `None`: read them from the store) to `checked`
-/// once the layer is checked; see [`cairn_image::import_layer_with`].
+/// Each layer's import goes through `reports`, which hands it its tap and
+/// tells the pull's tree how it ended; see [`cairn_image::Reports`].
 fn fetch_layers(
     store: &cairn_store::Store,
     reg: &Registry,
@@ -538,7 +508,7 @@ fn fetch_layers(
     todo: &[usize],
     opts: &PullOptions,
     observer: &dyn PullObserver,
-    reports: &Reports,
+    reports: &cairn_image::Reports,
 ) -> Result<(), PullError> {
     let next = AtomicUsize::new(0);
     let cancel = AtomicBool::new(false);
@@ -551,20 +521,8 @@ fn fetch_layers(
             };
             let layer = &resolved.layers[index];
             observer.event(&PullEvent::LayerStart { index, layer });
-            let tap = reports.taps[index]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
             if let Err(e) = fetch_layer(
-                store,
-                reg,
-                resolved,
-                index,
-                &cancel,
-                opts,
-                observer,
-                tap,
-                &reports.checked,
+                store, reg, resolved, index, &cancel, opts, observer, reports,
             ) {
                 cancel.store(true, Ordering::Relaxed);
                 let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -589,39 +547,6 @@ fn fetch_layers(
     }
 }
 
-/// Where the layers' imports report to the pull's tree: each layer's tap
-/// (taken by its import), and each layer's entries once it is checked
-/// (`None`: read its record from the store).
-struct Reports {
-    taps: Vec<Mutex<Option<cairn_image::LineTap>>>,
-    checked: mpsc::Sender<(usize, Option<File>)>,
-}
-
-/// Lines a layer's tap holds before it gives up (see
-/// [`cairn_image::LineTap`]): about 1 MiB each.
-const TAP_CHUNKS: usize = 16;
-
-/// One layer's [`cairn_image::LayerWatch`]: its tap, and its entries to
-/// `checked` once the layer is checked.
-struct Watch<'a> {
-    index: usize,
-    tap: Option<cairn_image::LineTap>,
-    checked: &'a mpsc::Sender<(usize, Option<File>)>,
-    sent: bool,
-}
-
-impl cairn_image::LayerWatch for Watch<'_> {
-    fn tap(&mut self) -> Option<cairn_image::LineTap> {
-        self.tap.take()
-    }
-
-    fn checked(&mut self, layer: cairn_image::CheckedLayer) {
-        // The receiver may be gone (the pull failed): nothing to do.
-        let _ = self.checked.send((self.index, Some(layer.entries)));
-        self.sent = true;
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn fetch_layer(
     store: &cairn_store::Store,
@@ -631,8 +556,7 @@ fn fetch_layer(
     cancel: &AtomicBool,
     opts: &PullOptions,
     observer: &dyn PullObserver,
-    tap: Option<cairn_image::LineTap>,
-    checked: &mpsc::Sender<(usize, Option<File>)>,
+    reports: &cairn_image::Reports,
 ) -> Result<(), PullError> {
     let layer = &resolved.layers[index];
     let reader = reg.blob_reader(
@@ -652,29 +576,19 @@ fn fetch_layer(
         }),
     );
     let slot = reader.error_slot();
-    let mut watch = Watch {
-        index,
-        tap,
-        checked,
-        sent: false,
-    };
-    let result = cairn_image::import_layer_with(
-        store,
-        reader,
-        Some(layer.compression.oci_media_type()),
-        Some(layer.digest.as_str()),
-        Some(layer.diff_id.as_str()),
-        &opts.limits,
-        &mut watch,
-    );
+    let result = reports.import(index, |watch| {
+        cairn_image::import_layer_with(
+            store,
+            reader,
+            Some(layer.compression.oci_media_type()),
+            Some(layer.digest.as_str()),
+            Some(layer.diff_id.as_str()),
+            &opts.limits,
+            watch,
+        )
+    });
     match result {
-        Ok(_) => {
-            if !watch.sent {
-                // In the store already: its record is published.
-                let _ = checked.send((index, None));
-            }
-            Ok(())
-        }
+        Ok(_) => Ok(()),
         Err(error) => {
             // The network error that broke the stream says more than the
             // importer's "reading the blob failed".

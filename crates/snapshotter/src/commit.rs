@@ -138,13 +138,21 @@ pub fn commit_dir(
     })?;
     upper_to_layer(&mut tree)?;
     let (reader, mut writer) = io::pipe().map_err(|e| CommitError::Tree(format!("pipe: {e}")))?;
-    let mut staged = None;
-    let layer = std::thread::scope(|s| {
+    let (checked_tx, checked_rx) = std::sync::mpsc::channel::<CheckedLayer>();
+    let (layer, staged) = std::thread::scope(|s| {
         let tree = &tree;
         let w = s.spawn(move || {
             let r = write_tar_from(tree, TarContents::Dir(dir), &mut writer);
             drop(writer);
             r
+        });
+        // The chain's image is written on its own thread while the layer's
+        // last objects and its record are published, as a pull writes it.
+        let stager = s.spawn(move || {
+            checked_rx
+                .recv()
+                .ok()
+                .map(|layer| stage_chain(store, parent_chain, Some(layer)))
         });
         let info = import_layer_with(
             store,
@@ -153,17 +161,22 @@ pub fn commit_dir(
             None,
             None,
             &Limits::default(),
-            // The chain's image is written while the layer's last objects
-            // are published, as a pull writes it.
-            &mut |layer| staged = Some(stage_chain(store, parent_chain, Some(layer))),
+            &mut |layer: CheckedLayer| {
+                // The receiver is there until this send or the end.
+                let _ = checked_tx.send(layer);
+            },
         );
+        drop(checked_tx);
+        let staged = stager.join().expect("staging the image does not panic");
         let written = w.join().expect("the tar writer does not panic");
-        match (info, written) {
+        let layer = match (info, written) {
             (Ok(i), Ok(_)) => Ok(i),
             (Err(e), _) => Err(CommitError::Layer(Box::new(e))),
             (Ok(_), Err(e)) => Err(CommitError::Tree(format!("writing the layer's tar: {e}"))),
-        }
-    })?;
+        };
+        (layer, staged)
+    });
+    let layer = layer?;
     let staged = match staged {
         Some(staged) => staged?,
         None => {
