@@ -402,23 +402,16 @@ pub fn import_oci_layout(
             )
             .map(Some)
         },
-        &mut |built| match built {
-            Some((tree, _)) => StagedImage::from_tree(
+        &mut |built| {
+            let tree = built.map(|(tree, _)| tree);
+            StagedImage::from_tree(
                 store,
                 &manifest,
                 &config,
                 name.as_deref(),
                 Some(&what),
                 tree,
-            ),
-            None => StagedImage::stage(
-                store,
-                &manifest,
-                &config,
-                name.as_deref(),
-                Some(&what),
-                Vec::new(),
-            ),
+            )
         },
     )?;
     let mut image = staged.publish()?;
@@ -878,24 +871,14 @@ pub fn import_docker_archive(
                 None => (None, Vec::new()),
             };
             let manifest = oci_manifest(&sizes)?;
-            match tree {
-                Some(tree) => StagedImage::from_tree(
-                    store,
-                    &manifest,
-                    &config,
-                    name.as_deref(),
-                    Some(&what),
-                    tree,
-                ),
-                None => StagedImage::stage(
-                    store,
-                    &manifest,
-                    &config,
-                    name.as_deref(),
-                    Some(&what),
-                    Vec::new(),
-                ),
-            }
+            StagedImage::from_tree(
+                store,
+                &manifest,
+                &config,
+                name.as_deref(),
+                Some(&what),
+                tree,
+            )
         },
     )?;
     let mut result = staged.publish()?;

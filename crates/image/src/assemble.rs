@@ -325,23 +325,28 @@ impl<'a> StagedImage<'a> {
     }
 
     /// [`stage`](Self::stage) from a tree built as the layers were
-    /// imported ([`crate::build_tree_as_imported`]).
+    /// imported ([`crate::build_tree_as_imported`]), or with `None`, from
+    /// the store's records once every layer is published.
     pub fn from_tree(
         store: &'a Store,
         manifest_json: &[u8],
         config_json: &[u8],
         name: Option<&str>,
         source: Option<&str>,
-        tree: BuiltTree,
+        tree: Option<BuiltTree>,
     ) -> Result<StagedImage<'a>, LayerError> {
+        let (from, check_now) = match tree {
+            Some(tree) => (TreeFrom::Built(tree), false),
+            None => (TreeFrom::Entries(Vec::new()), true),
+        };
         Self::write(
             store,
             manifest_json,
             config_json,
             name,
             source,
-            TreeFrom::Built(tree),
-            false,
+            from,
+            check_now,
         )
     }
 

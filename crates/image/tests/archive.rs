@@ -865,6 +865,39 @@ fn layout_of(dir: &Path, layers: &[(Vec<u8>, Vec<u8>, &str)]) {
     .unwrap();
 }
 
+/// A `docker save` archive at `path` of one image (tag `tag`) with these
+/// layers, their members as they are (docker archives name no
+/// compression).
+fn docker_save(path: &Path, layers: &[(Vec<u8>, Vec<u8>, &str)], tag: &str) {
+    let names: Vec<String> = (0..layers.len())
+        .map(|i| format!("l{i}/layer.tar"))
+        .collect();
+    let diff_ids: Vec<String> = layers.iter().map(|(_, tar, _)| sha256(tar)).collect();
+    let host = PlatformSpec::host();
+    let config = serde_json::to_vec(&json!({
+        "architecture": host.architecture, "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&json!([{
+        "Config": "config.json", "RepoTags": [tag], "Layers": names,
+    }]))
+    .unwrap();
+    let mut b = tar::Builder::new(fs::File::create(path).unwrap());
+    let members = layers
+        .iter()
+        .zip(&names)
+        .map(|((blob, _, _), n)| (n.as_str(), blob))
+        .chain([("config.json", &config), ("manifest.json", &manifest)]);
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, name, data.as_slice()).unwrap();
+    }
+    b.into_inner().unwrap();
+}
+
 /// Every file under the store's `layers/` and `objects/`, with its bytes.
 fn layers_and_objects(store: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let mut out = std::collections::BTreeMap::new();
@@ -909,34 +942,7 @@ fn oci_layout_layers_import_at_once_with_the_same_result() {
     // The same layers in a `docker save` archive (gzip and zstd members
     // as they are; docker archives name no compression).
     let archive = d.path().join("image.tar");
-    let layers = four_layers();
-    let names: Vec<String> = (0..layers.len())
-        .map(|i| format!("l{i}/layer.tar"))
-        .collect();
-    let diff_ids: Vec<String> = layers.iter().map(|(_, tar, _)| sha256(tar)).collect();
-    let host = PlatformSpec::host();
-    let config = serde_json::to_vec(&json!({
-        "architecture": host.architecture, "os": "linux",
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-    }))
-    .unwrap();
-    let manifest = serde_json::to_vec(&json!([{
-        "Config": "config.json", "RepoTags": ["docker.test/four:1"], "Layers": names,
-    }]))
-    .unwrap();
-    let mut b = tar::Builder::new(fs::File::create(&archive).unwrap());
-    let members = layers
-        .iter()
-        .zip(&names)
-        .map(|((blob, _, _), n)| (n.as_str(), blob))
-        .chain([("config.json", &config), ("manifest.json", &manifest)]);
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        b.append_data(&mut h, name, data.as_slice()).unwrap();
-    }
-    b.into_inner().unwrap();
+    docker_save(&archive, &four_layers(), "docker.test/four:1");
     let mut from_archive = Vec::new();
     for jobs in [1, 4] {
         let root = d.path().join(format!("docker-{jobs}"));
@@ -1072,33 +1078,7 @@ fn an_image_written_while_its_layers_are_published_is_the_one_their_records_make
     // from the layers' sizes, known once each is checked) and one layer
     // from a directory: the images their records make.
     let archive = d.path().join("image.tar");
-    let names: Vec<String> = (0..layers.len())
-        .map(|i| format!("l{i}/layer.tar"))
-        .collect();
-    let host = PlatformSpec::host();
-    let config = serde_json::to_vec(&json!({
-        "architecture": host.architecture, "os": "linux",
-        "rootfs": {"type": "layers", "diff_ids":
-            layers.iter().map(|(_, tar, _)| sha256(tar)).collect::<Vec<_>>()},
-    }))
-    .unwrap();
-    let manifest = serde_json::to_vec(&json!([{
-        "Config": "config.json", "RepoTags": ["docker.test/three:1"], "Layers": names,
-    }]))
-    .unwrap();
-    let mut b = tar::Builder::new(fs::File::create(&archive).unwrap());
-    let members = layers
-        .iter()
-        .zip(&names)
-        .map(|((blob, _, _), n)| (n.as_str(), blob))
-        .chain([("config.json", &config), ("manifest.json", &manifest)]);
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        b.append_data(&mut h, name, data.as_slice()).unwrap();
-    }
-    b.into_inner().unwrap();
+    docker_save(&archive, &layers, "docker.test/three:1");
     let s = open_store(&d.path().join("docker"));
     let img = cairn_image::import_docker_archive(&s, &archive, &Default::default()).unwrap();
     assert_eq!(img.image_digest, digests[0], "docker archive");

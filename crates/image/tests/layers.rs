@@ -706,7 +706,7 @@ fn a_tree_built_from_tapped_lines_is_the_one_the_records_make() {
             other => panic!("layer {i} asked for its end: {other:?}"),
         })
         .unwrap();
-        let img = StagedImage::from_tree(&s, &manifest, &config, None, None, tree)
+        let img = StagedImage::from_tree(&s, &manifest, &config, None, None, Some(tree))
             .unwrap()
             .publish()
             .unwrap();
@@ -738,7 +738,7 @@ fn a_tree_built_from_tapped_lines_is_the_one_the_records_make() {
         LayerEnd::Checked(entries(0))
     })
     .unwrap();
-    let e = StagedImage::from_tree(&s, &manifest, &config, None, None, tree)
+    let e = StagedImage::from_tree(&s, &manifest, &config, None, None, Some(tree))
         .err()
         .expect("refused")
         .to_string();

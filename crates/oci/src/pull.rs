@@ -416,24 +416,14 @@ pub fn pull(
     });
     let stage = |tree: Option<cairn_image::BuiltTree>| {
         observer.event(&PullEvent::Assembling);
-        match tree {
-            Some(tree) => cairn_image::StagedImage::from_tree(
-                store,
-                &resolved.manifest_bytes,
-                &resolved.config_bytes,
-                opts.name.as_deref(),
-                Some(&source),
-                tree,
-            ),
-            None => cairn_image::StagedImage::stage(
-                store,
-                &resolved.manifest_bytes,
-                &resolved.config_bytes,
-                opts.name.as_deref(),
-                Some(&source),
-                Vec::new(),
-            ),
-        }
+        cairn_image::StagedImage::from_tree(
+            store,
+            &resolved.manifest_bytes,
+            &resolved.config_bytes,
+            opts.name.as_deref(),
+            Some(&source),
+            tree,
+        )
     };
     // With the overlap, the tree is built on this thread from each
     // fetched layer's lines as its import writes them (a tap per layer),
