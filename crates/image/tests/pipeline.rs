@@ -3,7 +3,9 @@
 //! objects, the same layer records and the same image digest, on layers
 //! with many small files (batches of many files), big ones (a file across
 //! batches), inline and empty files, duplicates, hardlinks and whiteouts,
-//! compressed with gzip, zstd and not at all.
+//! compressed with gzip, zstd and not at all. The same holds for an image
+//! whose tree is built from the record lines the imports send through
+//! their taps (as a pull builds it), on one thread and on several.
 //!
 //! The thread count is forced through `CAIRN_IMPORT_THREADS`; this file
 //! holds one test, so setting it races with nothing.
@@ -101,6 +103,43 @@ fn snapshot(
     (img.image_digest, files)
 }
 
+/// The image of `layers` imported into a fresh store at `root` through
+/// taps, as a pull does ([`cairn_image::reports`]): each layer's record
+/// lines go through its tap as the import writes them, and the tree is
+/// built from them afterwards.
+fn tapped_image(root: &Path, threads: usize, layers: &[Vec<u8>]) -> String {
+    std::env::set_var("CAIRN_IMPORT_THREADS", threads.to_string());
+    let store = open_store(root);
+    let (feeds, reports, mut ends) = cairn_image::reports(&vec![true; layers.len()]);
+    let mut ids = Vec::new();
+    for (i, l) in layers.iter().enumerate() {
+        let info = reports
+            .import(i, |watch| {
+                cairn_image::import_layer_with(
+                    &store,
+                    l.as_slice(),
+                    None,
+                    None,
+                    None,
+                    &Default::default(),
+                    watch,
+                )
+            })
+            .unwrap();
+        ids.push((info.diff_id, l.len() as u64));
+    }
+    drop(reports);
+    let (m, c) = manifest_and_config(&ids);
+    let diff_ids: Vec<String> = ids.iter().map(|(d, _)| d.clone()).collect();
+    let tree = cairn_image::build_tree_as_imported(&store, &diff_ids, feeds, &mut |i| ends.end(i))
+        .unwrap();
+    cairn_image::StagedImage::from_tree(&store, &m, &c, None, None, Some(tree))
+        .unwrap()
+        .publish()
+        .unwrap()
+        .image_digest
+}
+
 #[test]
 fn threaded_import_is_byte_identical() {
     let layers = fixture();
@@ -108,6 +147,13 @@ fn threaded_import_is_byte_identical() {
     let (digest, one) = snapshot(&dir.path().join("t1"), 1, &layers);
     assert!(one.keys().filter(|k| k.starts_with("objects/")).count() > 500);
     assert_eq!(one.keys().filter(|k| k.starts_with("layers/")).count(), 6);
+    for threads in [1, 2, 3] {
+        let tapped = tapped_image(&dir.path().join(format!("tap{threads}")), threads, &layers);
+        assert_eq!(
+            tapped, digest,
+            "{threads} threads, through taps: image digest"
+        );
+    }
     for threads in [2, 3, 5, 16] {
         let (d, many) = snapshot(&dir.path().join(format!("t{threads}")), threads, &layers);
         assert_eq!(d, digest, "{threads} threads: image digest");
