@@ -25,7 +25,7 @@
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 
@@ -147,10 +147,14 @@ fn taps_with_budget(imported: &[bool], limit: usize) -> (Vec<LayerFeed>, Vec<Opt
 
 /// The importing side of an image's layers: each import takes its tap
 /// here and reports how it ended. Once it is dropped (with the thread
-/// that imports), every layer not reported counts as failed.
+/// that imports), every layer not reported counts as failed. Its
+/// [`Reports::stop`] flag is the imports' cancel flag: [`Ends::stop`]
+/// sets it when the tree fails, so that the imports do not run on for an
+/// image that will not be written.
 pub struct Reports {
     taps: Vec<Mutex<Option<LineTap>>>,
     tx: Sender<(usize, Option<CheckedLayer>)>,
+    stop: Arc<AtomicBool>,
 }
 
 /// The tree's side of [`Reports`]: how each layer's import ended.
@@ -158,6 +162,7 @@ pub struct Ends {
     rx: Receiver<(usize, Option<CheckedLayer>)>,
     reported: Vec<Option<Option<CheckedLayer>>>,
     sizes: Vec<Option<u64>>,
+    stop: Arc<AtomicBool>,
 }
 
 /// The feeds, reports and ends of an image whose layers with
@@ -165,19 +170,28 @@ pub struct Ends {
 pub fn reports(imported: &[bool]) -> (Vec<LayerFeed>, Reports, Ends) {
     let (feeds, taps) = taps(imported);
     let (tx, rx) = mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
     let reports = Reports {
         taps: taps.into_iter().map(Mutex::new).collect(),
         tx,
+        stop: Arc::clone(&stop),
     };
     let ends = Ends {
         rx,
         reported: imported.iter().map(|_| None).collect(),
         sizes: vec![None; imported.len()],
+        stop,
     };
     (feeds, reports, ends)
 }
 
 impl Reports {
+    /// The imports' cancel flag (set by [`Ends::stop`]); the importer
+    /// stops every import once it is set, as after a failed layer.
+    pub fn stop(&self) -> &AtomicBool {
+        &self.stop
+    }
+
     /// Runs `import` for layer `index` with a [`LayerWatch`] that gives it
     /// the layer's tap and reports the checked layer; an import that
     /// returns `Ok` without having checked one (the store had the layer)
@@ -251,6 +265,12 @@ impl Ends {
     pub fn sizes(&self) -> &[Option<u64>] {
         &self.sizes
     }
+
+    /// Stops the imports (their [`Reports::stop`] flag): the tree or the
+    /// image failed, and nothing they still do would be used.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 /// An image's tree, built while its layers were imported; see
@@ -286,6 +306,7 @@ pub fn build_tree_as_imported(
             .map(|f| std::mem::replace(f, LayerFeed::Store));
         match feed {
             Some(LayerFeed::Lines(rx)) => {
+                let mut unchecked = false;
                 let fed = FedLines {
                     rx: Some(rx),
                     chunk: None,
@@ -296,12 +317,22 @@ pub fn build_tree_as_imported(
                     store,
                     diff_id,
                     from_store: &mut from_store,
+                    unchecked: &mut unchecked,
                 };
-                apply_layer(
+                let applied = apply_layer(
                     &mut image,
                     BufReader::with_capacity(64 * 1024, fed),
                     diff_id,
-                )?;
+                );
+                if unchecked {
+                    // Not a fault of the lines: say so, rather than
+                    // "corrupt layer record" (the import's error says why).
+                    return Err(LayerError::Stopped {
+                        layer: diff_id.clone(),
+                        reason: "its import ended before the layer was checked",
+                    });
+                }
+                applied?;
             }
             _ => {
                 from_store = true;
@@ -348,6 +379,8 @@ struct FedLines<'a> {
     store: &'a Store,
     diff_id: &'a str,
     from_store: &'a mut bool,
+    /// Set when the import ended without checking the layer.
+    unchecked: &'a mut bool,
 }
 
 impl Read for FedLines<'_> {
@@ -393,6 +426,7 @@ impl Read for FedLines<'_> {
                     ))
                 }
                 LayerEnd::Failed => {
+                    *self.unchecked = true;
                     return Err(io::Error::other("the layer's import failed"));
                 }
             };
@@ -458,6 +492,7 @@ mod tests {
         }
         drop(tx);
         let mut from_store = false;
+        let mut unchecked = false;
         let mut file = Some(file);
         let mut lines = FedLines {
             rx: Some(rx),
@@ -469,6 +504,7 @@ mod tests {
             store,
             diff_id: "sha256:0",
             from_store: &mut from_store,
+            unchecked: &mut unchecked,
         };
         let mut out = Vec::new();
         lines.read_to_end(&mut out).unwrap();

@@ -61,6 +61,12 @@ pub enum LayerError {
     /// A layer the image needs is not in the store.
     #[error("layer {diff_id} is not in the store (import it first)")]
     MissingLayer { diff_id: String },
+    /// The import stopped before it checked the layer: it failed, or
+    /// something else of the image failed first and stopped it. The
+    /// failure that stopped it is the one to report; this only says that
+    /// what waited for the layer (an image's tree) has nothing to use.
+    #[error("layer {layer}: {reason}")]
+    Stopped { layer: String, reason: &'static str },
     /// The store failed.
     #[error("{context}: {source}")]
     Store {

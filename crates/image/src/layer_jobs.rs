@@ -42,7 +42,7 @@ impl<R: Read> Read for Cancellable<'_, R> {
         if self.cancel.load(Ordering::Relaxed) {
             // Not `Interrupted`: readers retry that.
             return Err(io::Error::other(
-                "stopped: another layer of the image failed",
+                "stopped: another layer of the image, or its tree, failed",
             ));
         }
         self.inner.read(buf)
@@ -63,9 +63,23 @@ pub(crate) fn import_each<F>(
 where
     F: Fn(usize, &AtomicBool) -> Result<Option<LayerInfo>, LayerError> + Sync,
 {
+    import_each_until(count, jobs, &AtomicBool::new(false), import)
+}
+
+/// [`import_each`] with a cancel flag the caller may set too: once it is
+/// set from outside, every import stops, and the result is
+/// [`LayerError::Stopped`] (what set it has the error to report).
+pub(crate) fn import_each_until<F>(
+    count: usize,
+    jobs: usize,
+    cancel: &AtomicBool,
+    import: F,
+) -> Result<Vec<Option<LayerInfo>>, LayerError>
+where
+    F: Fn(usize, &AtomicBool) -> Result<Option<LayerInfo>, LayerError> + Sync,
+{
     let results: Vec<Mutex<Option<LayerInfo>>> = (0..count).map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
-    let cancel = AtomicBool::new(false);
     let first_error: Mutex<Option<LayerError>> = Mutex::new(None);
     let worker = || {
         while !cancel.load(Ordering::Relaxed) {
@@ -73,7 +87,7 @@ where
             if i >= count {
                 break;
             }
-            match import(i, &cancel) {
+            match import(i, cancel) {
                 Ok(info) => *results[i].lock().unwrap_or_else(|p| p.into_inner()) = info,
                 Err(e) => {
                     // Whoever stops the others first has the error that
@@ -94,6 +108,12 @@ where
     });
     if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
+    }
+    if cancel.load(Ordering::Relaxed) {
+        return Err(LayerError::Stopped {
+            layer: format!("1 to {count} of the image"),
+            reason: "stopped from outside the import",
+        });
     }
     Ok(results
         .into_iter()
@@ -142,20 +162,28 @@ where
         let import = &import;
         let importer = s.spawn(move || {
             let reports = reports;
-            import_each(count, jobs, |i, cancel| {
+            import_each_until(count, jobs, reports.stop(), |i, cancel| {
                 reports.import(i, |watch| import(i, cancel, watch))
             })
         });
         let built = build_tree_as_imported(store, diff_ids, feeds, &mut |i| ends.end(i));
         let staged = built.and_then(|tree| stage(Some((tree, ends.sizes().to_vec()))));
+        if staged.is_err() {
+            // No image will be written: the imports need not run on.
+            ends.stop();
+        }
         let infos = importer
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (infos, staged)
     });
-    // The import's own error says more than the tree's "import failed".
-    let infos = infos?;
-    Ok((infos, staged?))
+    match (infos, staged) {
+        (Ok(infos), Ok(staged)) => Ok((infos, staged)),
+        // The tree (or the image) failed first and stopped the imports.
+        (Ok(_) | Err(LayerError::Stopped { .. }), Err(e)) => Err(e),
+        // An import's own error says more than the tree's "stopped".
+        (Err(e), _) => Err(e),
+    }
 }
 
 /// For each layer, whether it is the first of the image with its diff_id
@@ -223,6 +251,52 @@ mod tests {
             "{e}"
         );
         assert!(started.load(Ordering::Relaxed) <= 3);
+    }
+
+    /// The tree fails on the first line a layer's tap sends (a corrupt
+    /// record line): the imports are stopped, and the tree's error is the
+    /// one returned. Without the stop, the import below would read on
+    /// for ten seconds and then succeed.
+    #[test]
+    fn a_tree_that_fails_stops_the_imports_and_its_error_is_returned() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let diff_ids = vec![format!("sha256:{:064x}", 1), format!("sha256:{:064x}", 2)];
+        let stopped = [AtomicBool::new(false), AtomicBool::new(false)];
+        let e = import_each_staged(
+            &store,
+            &diff_ids,
+            2,
+            true,
+            |i, cancel, watch| {
+                if i == 0 {
+                    let mut tap = watch.tap().expect("a tap for every layer");
+                    assert!(tap.send(b"not a record line\n"));
+                }
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                let mut r = Cancellable::new(io::repeat(0), cancel);
+                let mut buf = [0u8; 4096];
+                while std::time::Instant::now() < deadline {
+                    if let Err(e) = r.read(&mut buf) {
+                        stopped[i].store(true, Ordering::Relaxed);
+                        return Err(LayerError::Read {
+                            layer: format!("{i}"),
+                            source: e,
+                        });
+                    }
+                }
+                Ok(Some(info(i as u64)))
+            },
+            &mut |_| unreachable!("the tree failed: nothing to stage"),
+        )
+        .map(|_| ())
+        .unwrap_err();
+        assert!(
+            matches!(&e, LayerError::Apply { layer, reason, .. }
+                if layer == &diff_ids[0] && reason.contains("corrupt layer record")),
+            "{e}"
+        );
+        assert!(stopped.iter().all(|s| s.load(Ordering::Relaxed)));
     }
 
     #[test]

@@ -716,7 +716,7 @@ fn a_tree_built_from_tapped_lines_is_the_one_the_records_make() {
     // An import that fails after its lines were sent fails the tree; one
     // that sent lines and then says the store has the layer is refused.
     for (failed, want) in [
-        (true, "import failed"),
+        (true, "its import ended before the layer was checked"),
         (false, "found its record in the store"),
     ] {
         let end = || {

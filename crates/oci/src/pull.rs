@@ -445,12 +445,22 @@ pub fn pull(
             cairn_image::build_tree_as_imported(store, &diff_ids, feeds, &mut |i| ends.end(i))
                 .and_then(|tree| stage(Some(tree)))
         });
+        if matches!(staged, Some(Err(_))) {
+            // No image will be written: the fetches need not run on.
+            ends.stop();
+        }
         let fetched_layers = fetcher
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (fetched_layers, staged)
     });
-    fetched_layers?;
+    match (fetched_layers, &staged) {
+        // The tree (or the image) failed first and stopped the fetches:
+        // its error, below, is the one.
+        (Err(PullError::Cancelled), Some(Err(_))) | (Ok(()), _) => {}
+        // A layer's own error says more than the tree's "stopped".
+        (Err(e), _) => return Err(e),
+    }
     let staged = staged
         .unwrap_or_else(|| stage(None))
         .map_err(assemble_err)?;
@@ -488,7 +498,8 @@ pub fn pull(
 
 /// Fetches and imports the layers at `todo` (indexes into
 /// `resolved.layers`), `opts.jobs` at a time. The first failure stops the
-/// others and is the one returned.
+/// others and is the one returned; stopped by the pull's tree (which
+/// failed), it returns [`PullError::Cancelled`].
 /// Each layer's import goes through `reports`, which hands it its tap and
 /// tells the pull's tree how it ended; see [`cairn_image::Reports`].
 fn fetch_layers(
@@ -501,7 +512,8 @@ fn fetch_layers(
     reports: &cairn_image::Reports,
 ) -> Result<(), PullError> {
     let next = AtomicUsize::new(0);
-    let cancel = AtomicBool::new(false);
+    // The pull's tree sets it too, when it fails (`Ends::stop`).
+    let cancel = reports.stop();
     let first_error: Mutex<Option<PullError>> = Mutex::new(None);
     let jobs = opts.jobs.clamp(1, todo.len().max(1));
     let worker = || {
@@ -511,9 +523,9 @@ fn fetch_layers(
             };
             let layer = &resolved.layers[index];
             observer.event(&PullEvent::LayerStart { index, layer });
-            if let Err(e) = fetch_layer(
-                store, reg, resolved, index, &cancel, opts, observer, reports,
-            ) {
+            if let Err(e) =
+                fetch_layer(store, reg, resolved, index, cancel, opts, observer, reports)
+            {
                 cancel.store(true, Ordering::Relaxed);
                 let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
                 if slot.is_none() && !matches!(e, PullError::Cancelled) {

@@ -1210,3 +1210,80 @@ fn a_cached_layer_whose_object_is_gone_fails_the_pull() {
     assert!(msg.contains(&format!("object {gone} is missing")), "{msg}");
     assert!(!s.store.has_image(&report.image_digest));
 }
+
+/// A layer that cannot be applied on the one below it (a file under a
+/// path that is a regular file there) fails the pull's tree while the
+/// layer still streams: the tree stops the fetch, and its error is the one
+/// the pull returns, not the stalled transfer's (which, without the stop,
+/// would give up after its attempts and be reported instead).
+#[test]
+fn a_layer_that_does_not_apply_stops_the_pull_and_is_named() {
+    let mut img = FakeImage::new();
+    let bottom = common::registry::tar_of(&[("f", Some(b"a file"))]);
+    // Some 3 MiB of record lines, most before the stall, so that the tap
+    // sends the first MiB of them (the bad entry first) while the stream
+    // goes on.
+    let names: Vec<String> = (0..30_000)
+        .map(|i| format!("d/{i:05}-{}", "x".repeat(80)))
+        .collect();
+    let mut entries: Vec<(&str, Option<&[u8]>)> =
+        vec![("f/x", Some(b"under a file")), ("d/", None)];
+    entries.extend(names.iter().map(|n| (n.as_str(), Some(&b"1"[..]))));
+    let top = common::registry::tar_of(&entries);
+    img.layers = [bottom, top]
+        .iter()
+        .map(|t| {
+            let blob = common::gzip(t);
+            (
+                common::registry::sha256(&blob),
+                blob,
+                common::registry::sha256(t),
+            )
+        })
+        .collect();
+    let diff_ids: Vec<String> = img.layers.iter().map(|l| l.2.clone()).collect();
+    let mut config: serde_json::Value = serde_json::from_slice(&img.config).unwrap();
+    config["rootfs"]["diff_ids"] = serde_json::json!(diff_ids);
+    img.config = serde_json::to_vec(&config).unwrap();
+    img.config_digest = common::registry::sha256(&img.config);
+    img.rebuild_manifest(|_| {});
+    let server = serve_with(
+        img.clone(),
+        Arc::new(|img, req, _| {
+            is_blob(req, &img.layers[1].0).then(|| {
+                let b = &img.layers[1].1;
+                let part = b.len() * 9 / 10;
+                Reply::StallAfter(
+                    vec![],
+                    b[..part].to_vec(),
+                    b.len() as u64,
+                    Duration::from_secs(5),
+                )
+            })
+        }),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let r = ImageRef::parse(&img.reference(&server.addr)).unwrap();
+    let opts = PullOptions {
+        name: Some("conflict".into()),
+        jobs: 2,
+        ..test_pull_options()
+    };
+    let store = cairn_store::Store::open(dir.path()).unwrap();
+    let err = cairn_oci::pull(&store, &r, &opts, &|_: &cairn_oci::PullEvent<'_>| {})
+        .unwrap_err()
+        .to_string();
+    drop(store);
+    assert!(
+        err.contains("parent /f of /f/x is not a directory"),
+        "{err}"
+    );
+    for p in store_snapshot(dir.path()) {
+        let top = p.components().next().unwrap().as_os_str().to_owned();
+        assert!(
+            top != "images" && top != "refs",
+            "{p:?} appeared after a failed pull"
+        );
+    }
+    assert!(tmp_after_reopen(dir.path()).is_empty());
+}
