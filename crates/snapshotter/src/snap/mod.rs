@@ -22,6 +22,7 @@ use crate::remote::{self, RemoteRequest};
 
 mod chain;
 mod plans;
+mod reaper;
 
 pub use plans::{commit, prepare, CommitPlan, RemoteDone, RemotePlan};
 use plans::{has_layers, warn_fallback};
@@ -98,6 +99,8 @@ pub struct Snapshotter {
     mounting: HashMap<String, Arc<chain::MountFlight>>,
     meta: Meta,
     dir: PathBuf,
+    /// Empties the directories of removed snapshots in the background.
+    reaper: reaper::Reaper,
     /// Held (flock, exclusive) for the snapshotter's life.
     _lock: File,
 }
@@ -177,6 +180,7 @@ impl Snapshotter {
             mounting: HashMap::new(),
             meta,
             dir,
+            reaper: reaper::Reaper::default(),
             _lock: lock,
         })
     }
@@ -658,26 +662,15 @@ impl Snapshotter {
         self.finish_commit(plan, done)
     }
 
-    /// Removes a snapshot directory: renamed out of the way first, so a
-    /// crash halfway leaves only `tmp/` debris.
-    fn remove_dir(&self, sdir: &Path) {
-        if !sdir.exists() {
-            return;
-        }
+    /// Removes a snapshot directory: renamed out of the way under `tmp/`
+    /// at once (a crash halfway leaves only `tmp/` debris), its files freed
+    /// in the background ([`reaper`]).
+    fn remove_dir(&mut self, sdir: &Path) {
         let junk = self.dir.join("tmp").join(format!(
             "rm.{}",
             sdir.file_name().unwrap_or_default().to_string_lossy()
         ));
-        let target = match fs::rename(sdir, &junk) {
-            Ok(()) => junk,
-            Err(e) => {
-                tracing::warn!("moving {} aside: {e}", sdir.display());
-                sdir.to_path_buf()
-            }
-        };
-        if let Err(e) = fs::remove_dir_all(&target) {
-            tracing::warn!("removing {}: {e}", target.display());
-        }
+        self.reaper.remove(sdir, junk);
     }
 
     pub fn remove(&mut self, key: &str) -> Result<(), SnapError> {

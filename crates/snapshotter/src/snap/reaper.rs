@@ -1,0 +1,119 @@
+//! Removing snapshot directories off the caller's path.
+//!
+//! A snapshot directory goes when its snapshot is removed, and on the
+//! normal path when its layer is committed: by then its files are in the
+//! store, and the directory containerd unpacked the layer into is left
+//! over. Freeing its files takes time in proportion to the layer (for the
+//! python image of the containerd benchmark, 0.39 s for its 121 MB bottom
+//! layer and 0.22 s for the 101 MB one above it, on ext4), and a Commit
+//! that waited for it made containerd wait too: it unpacks the next layer
+//! only once this one is committed. So the directory is renamed out of the
+//! way under `tmp/` (a crash halfway leaves only `tmp/` debris, which the
+//! next start removes, `Meta::open`) and emptied by one thread of its own,
+//! one directory after another, while the caller answers.
+//!
+//! Nothing reads the directory once it is renamed, and its name (`rm.` and
+//! the snapshot's id) is never given twice: ids are not reused. A removal
+//! still queued when the process ends is finished by the next start.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Sender};
+
+/// The thread that empties directories moved aside, started at the first.
+#[derive(Default)]
+pub(super) struct Reaper {
+    tx: Option<Sender<PathBuf>>,
+}
+
+impl Reaper {
+    /// Moves `dir` to `junk` (in the same filesystem) and has it removed
+    /// in the background; a directory that cannot be moved is removed in
+    /// place, now. A directory that does not exist is left alone.
+    pub(super) fn remove(&mut self, dir: &Path, junk: PathBuf) {
+        if !dir.exists() {
+            return;
+        }
+        if let Err(e) = fs::rename(dir, &junk) {
+            tracing::warn!("moving {} aside: {e}", dir.display());
+            remove_now(dir);
+            return;
+        }
+        let Some(junk) = self.queue(junk) else {
+            return;
+        };
+        // No thread: remove it here.
+        remove_now(&junk);
+    }
+
+    /// Queues `junk` for the thread (starting it); gives `junk` back when
+    /// there is no thread to take it.
+    fn queue(&mut self, junk: PathBuf) -> Option<PathBuf> {
+        if self.tx.is_none() {
+            let (tx, rx) = mpsc::channel::<PathBuf>();
+            let started = std::thread::Builder::new()
+                .name("cairn-snap-rm".into())
+                .spawn(move || {
+                    for dir in rx {
+                        remove_now(&dir);
+                    }
+                });
+            match started {
+                Ok(_) => self.tx = Some(tx),
+                Err(e) => {
+                    tracing::warn!("starting the thread that removes snapshot directories: {e}");
+                    return Some(junk);
+                }
+            }
+        }
+        let tx = self.tx.as_ref()?;
+        match tx.send(junk) {
+            Ok(()) => None,
+            Err(mpsc::SendError(junk)) => {
+                self.tx = None;
+                Some(junk)
+            }
+        }
+    }
+}
+
+fn remove_now(dir: &Path) {
+    if let Err(e) = fs::remove_dir_all(dir) {
+        tracing::warn!("removing {}: {e}", dir.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_is_gone_at_once_and_emptied_in_the_background() {
+        let d = tempfile::tempdir().unwrap();
+        let tmp = d.path().join("tmp");
+        fs::create_dir(&tmp).unwrap();
+        let mut r = Reaper::default();
+        for id in 0..3 {
+            let dir = d.path().join(id.to_string());
+            fs::create_dir_all(dir.join("fs/a/b")).unwrap();
+            fs::write(dir.join("fs/a/b/file"), vec![1u8; 100_000]).unwrap();
+            r.remove(&dir, tmp.join(format!("rm.{id}")));
+            assert!(!dir.exists(), "{id}: moved aside at once");
+        }
+        // Not there: nothing happens.
+        r.remove(&d.path().join("9"), tmp.join("rm.9"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while fs::read_dir(&tmp).unwrap().count() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the thread empties tmp/"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(
+            fs::read_dir(d.path()).unwrap().count(),
+            1,
+            "only tmp/ is left"
+        );
+    }
+}
