@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Interleaved A/B of cold `ctr image pull` through the cairn snapshotter
+# (issue 14): the normal path (containerd fetches and unpacks, cairn
+# imports each layer on Commit) by default, or the remote path.
+#
+#   sudo bench/commit-ab.sh ROUNDS LABEL=BINARY...
+#
+# Environment: IMAGE (default bench/python:gzip, from the registry storage
+# bench/containerd.sh prepares under WORK, default
+# /var/tmp/cairn-bench-containerd: run that once first), MODE (normal or
+# remote), LOG (the snapshotter's CAIRN_LOG, default info; with debug its
+# log says how long each Prepare and Commit took), KEEP=1 (keep each run's
+# directory, with the containerd and snapshotter logs).
+# Per run: containerd 2.4.2 and `cairn snapshotter` started on a fresh
+# directory (made with `chattr +T`, as bench/containerd.sh makes its
+# samples', so ext4 puts it in block groups of its own), `sync`, caches
+# dropped, then the wall time of `ctr image pull` and the CPU seconds of
+# the snapshotter and containerd. Prints one line per run. The runs'
+# directories are removed at the end, not between runs: journal-less ext4
+# skips inodes freed in the last minute (`recently_deleted`, see
+# docs/machines.md), which charged a run for the one before it (pulls of
+# 5-9.5 s instead of 4.1-4.9 s here) even with `chattr +T`.
+set -uo pipefail
+
+rounds=${1:?usage: bench/commit-ab.sh ROUNDS LABEL=BINARY...}
+shift
+[ "$#" -ge 1 ] || { echo "usage: bench/commit-ab.sh ROUNDS LABEL=BINARY..." >&2; exit 2; }
+[ "$(id -u)" -eq 0 ] || { echo "run as root" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+work=${WORK:-/var/tmp/cairn-bench-containerd}
+image=${IMAGE:-bench/python:gzip}
+mode=${MODE:-normal}
+case $mode in normal | remote) ;; *) echo "MODE: normal or remote" >&2; exit 2 ;; esac
+# shellcheck source-path=SCRIPTDIR source=lib/registry.sh
+. "$here/lib/registry.sh"
+# shellcheck source-path=SCRIPTDIR source=lib/containerd2.sh
+. "$here/lib/containerd2.sh"
+bin=$CONTAINERD2_BIN
+install_containerd2 || { echo "installing containerd $CONTAINERD2_VERSION failed" >&2; exit 1; }
+[ -d "$work/registry" ] || { echo "no registry storage in $work: run bench/containerd.sh first" >&2; exit 1; }
+
+base=$work/commit-ab
+mkdir -p "$base"
+chattr +T "$base" 2>/dev/null || true
+registry_start "$work/registry"
+trap registry_stop EXIT
+
+# one LABEL BINARY ROUND: one cold pull; prints its line.
+one() {
+  local label=$1 cairn=$2 d=$base/$1-$3 sock snap_pid ctd_pid t0 t1 snap_cpu ctd_cpu exports=""
+  mkdir -p "$d"
+  chattr +T "$d" 2>/dev/null || true
+  sock=$d/containerd.sock
+  local args=()
+  [ "$mode" = remote ] && args=(--no-lazy)
+  CAIRN_LOG=${LOG:-info} "$cairn" --root "$d/store" snapshotter --address "$d/cairn.sock" "${args[@]}" \
+    2>"$d/snapshotter.log" &
+  snap_pid=$!
+  for _ in $(seq 200); do [ -S "$d/cairn.sock" ] && break; sleep 0.05; done
+  [ "$mode" = remote ] &&
+    exports=$(printf '  [proxy_plugins.cairn.exports]\n    enable_remote_snapshot_annotations = "true"')
+  cat >"$d/config.toml" <<EOF
+version = 3
+root = "$d/root"
+state = "$d/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"]
+[grpc]
+  address = "$sock"
+[ttrpc]
+  address = "$sock.ttrpc"
+[proxy_plugins.cairn]
+  type = "snapshot"
+  address = "$d/cairn.sock"
+$exports
+[[plugins."io.containerd.transfer.v1.local".unpack_config]]
+  platform = "linux/amd64"
+  snapshotter = "cairn"
+  differ = "walking"
+EOF
+  CONTAINERD_DISABLE_PIGZ=1 PATH=$bin:$PATH "$bin/containerd" --config "$d/config.toml" >"$d/containerd.log" 2>&1 &
+  ctd_pid=$!
+  for _ in $(seq 200); do
+    [ -S "$sock" ] && "$bin/ctr" -a "$sock" version >/dev/null 2>&1 && break
+    sleep 0.05
+  done
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  t0=$(date +%s.%N)
+  if ! "$bin/ctr" -a "$sock" -n bench image pull --plain-http --snapshotter cairn "$registry/$image" >"$d/pull.out" 2>&1; then
+    echo "FAIL $label: $(tail -1 "$d/pull.out")"
+  fi
+  t1=$(date +%s.%N)
+  snap_cpu=$(awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$snap_pid/stat")
+  ctd_cpu=$(awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$ctd_pid/stat")
+  kill "$ctd_pid" 2>/dev/null
+  wait "$ctd_pid" 2>/dev/null
+  kill "$snap_pid" 2>/dev/null
+  wait "$snap_pid" 2>/dev/null
+  findmnt -rn -o TARGET | grep -F "$d/" | sort -r | while IFS= read -r m; do
+    umount "$m" 2>/dev/null || umount -l "$m"
+  done
+  echo "round=$3 $label pull_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') snapshotter_cpu_s=$snap_cpu containerd_cpu_s=$ctd_cpu"
+}
+
+echo "image=$image mode=$mode registry=$registry"
+for i in $(seq 1 "$rounds"); do
+  for lb in "$@"; do
+    one "${lb%%=*}" "${lb#*=}" "$i"
+  done
+done
+if [ -n "${KEEP:-}" ]; then
+  echo "the runs' directories, with their logs: $base"
+else
+  rm -rf "$base"
+fi
