@@ -341,7 +341,7 @@ pub fn import_layer_with(
             parse_layer(&mut tar, compression, &mut b, limits, &layer)?;
             let diff_id = tar.into_inner().diff_id();
             b.settle_all().map_err(|e| add_err(&layer, b"", 0, e))?;
-            let mut totals = decompressor
+            let totals = decompressor
                 .join()
                 .map_err(|_| LayerError::Invalid {
                     layer: layer.clone(),
@@ -350,8 +350,8 @@ pub fn import_layer_with(
                 .ok_or_else(|| LayerError::Invalid {
                     layer: layer.clone(),
                     reason: "the decompression thread ended without totals".into(),
-                })?;
-            totals.diff_id = diff_id;
+                })?
+                .with_diff_id(diff_id);
             check_digests(&layer, expected_blob_digest, expected_diff_id, &totals)?;
             // Every object is staged, and the layer is the one expected:
             // the workers name their last objects as they end, which they

@@ -140,17 +140,36 @@ pub(crate) struct Totals {
 impl Totals {
     /// The totals of a stack that hashed the stream itself.
     pub(crate) fn of(meter: &Meter) -> Totals {
-        Totals::with_diff_id(meter, meter.diff_id())
+        Counted::of(meter).with_diff_id(meter.diff_id())
     }
+}
 
-    /// The totals of a stack whose stream was hashed by its reader
-    /// ([`ChunkReader::diff_id`]).
-    pub(crate) fn with_diff_id(meter: &Meter, diff_id: String) -> Totals {
-        Totals {
+/// What the decompression stage counted and hashed, once it ended; the
+/// diff_id is the parse stage's ([`ChunkReader::diff_id`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Counted {
+    /// `None`: the blob is uncompressed, and its digest is the diff_id.
+    blob_digest: Option<String>,
+    compressed: u64,
+    uncompressed: u64,
+}
+
+impl Counted {
+    pub(crate) fn of(meter: &Meter) -> Counted {
+        Counted {
             blob_digest: meter.blob_digest(),
-            diff_id,
             compressed: meter.compressed.get(),
             uncompressed: meter.uncompressed.get(),
+        }
+    }
+
+    /// The totals, with the diff_id of the stream (read to its end).
+    pub(crate) fn with_diff_id(self, diff_id: String) -> Totals {
+        Totals {
+            blob_digest: self.blob_digest.unwrap_or_else(|| diff_id.clone()),
+            diff_id,
+            compressed: self.compressed,
+            uncompressed: self.uncompressed,
         }
     }
 }
@@ -307,8 +326,8 @@ fn fill(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 
 /// The decompression stage, run in its own thread: opens `blob`, tells
 /// `opened` the compression it found, then streams the uncompressed bytes
-/// into `tx` until they end, fail, or nobody listens any more. Its totals'
-/// diff_id is empty: the [`ChunkReader`] hashes the stream.
+/// into `tx` until they end, fail, or nobody listens any more. What it
+/// counted has no diff_id: the [`ChunkReader`] hashes the stream.
 pub(crate) fn decompress(
     blob: impl Read,
     declared: Option<Compression>,
@@ -317,7 +336,7 @@ pub(crate) fn decompress(
     opened: SyncSender<Result<Compression, OpenError>>,
     tx: SyncSender<Chunk>,
     free: Receiver<Vec<u8>>,
-) -> Option<Totals> {
+) -> Option<Counted> {
     let (mut stream, compression, meter) =
         match open_blob(blob, declared, max_bytes, max_ratio, false) {
             Ok(s) => s,
@@ -347,7 +366,7 @@ pub(crate) fn decompress(
         }
     }
     drop(stream);
-    Some(Totals::with_diff_id(&meter, String::new()))
+    Some(Counted::of(&meter))
 }
 
 /// The queues between the parse stage and a decompression thread.

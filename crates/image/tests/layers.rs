@@ -300,6 +300,53 @@ fn compressed_layers_and_media_types() {
     let _ = s;
 }
 
+/// An uncompressed blob is hashed once (its digest is the diff_id), and
+/// still checked against the digest the manifest gives: a blob larger than
+/// the first read, with bytes after the tar's end marker.
+#[test]
+fn an_uncompressed_blobs_digest_is_its_diff_id_and_checked() {
+    let mut l = Layer::new();
+    for i in 0..40 {
+        l.file(&format!("f{i}"), &vec![i as u8; 20_000], 0o644);
+    }
+    let mut tar = l.finish();
+    tar.extend_from_slice(&[0u8; 10_240]);
+    assert!(tar.len() > 256 * 1024);
+    let digest = sha256(&tar);
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_store(dir.path());
+    let mt = Some("application/vnd.oci.image.layer.v1.tar");
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let e = cairn_image::import_layer(
+        &s,
+        &tar[..],
+        mt,
+        Some(&wrong),
+        None,
+        &cairn_image::Limits::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(&format!(
+            "blob digest mismatch: expected {wrong}, got {digest}"
+        )),
+        "{e}"
+    );
+    let info = cairn_image::import_layer(
+        &s,
+        &tar[..],
+        mt,
+        Some(&digest),
+        Some(&digest),
+        &cairn_image::Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(info.diff_id, digest);
+    assert_eq!(info.blob_digest.as_deref(), Some(digest.as_str()));
+    assert_eq!(info.size, tar.len() as u64);
+}
+
 /// A reader that fails the test if anyone reads it.
 struct Untouchable;
 impl std::io::Read for Untouchable {
