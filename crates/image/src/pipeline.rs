@@ -36,7 +36,8 @@
 //! CPU-s copying out of zstd's window buffer (its streaming API decodes
 //! into its own buffer; decoding into ours would need the whole frame in
 //! one buffer), and 1 CPU-s of sha256 for the blob digest and the diff_id
-//! either way. So a zstd layer costs a little more CPU than a gzip one
+//! either way (an uncompressed blob is hashed once: its digest is its
+//! diff_id). So a zstd layer costs a little more CPU than a gzip one
 //! here, not less: zlib-rs is some four times faster than GNU gzip, which
 //! is what `zstd -d` is usually compared with. The thread is not the
 //! bound on 2 cores (the disk, or the sum of every thread's CPU, is).
