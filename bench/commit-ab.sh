@@ -15,7 +15,9 @@
 # directory (made with `chattr +T`, as bench/containerd.sh makes its
 # samples', so ext4 puts it in block groups of its own), `sync`, caches
 # dropped, then the wall time of `ctr image pull` and the CPU seconds of
-# the snapshotter and containerd. Prints one line per run. The runs'
+# the snapshotter (once the snapshot directories it empties in the
+# background are gone) and containerd. Prints one line per run. What an
+# earlier run left under WORK/commit-ab is removed first. The runs'
 # directories are removed at the end, not between runs: journal-less ext4
 # skips inodes freed in the last minute (`recently_deleted`, see
 # docs/machines.md), which charged a run for the one before it (pulls of
@@ -40,23 +42,38 @@ install_containerd2 || { echo "installing containerd $CONTAINERD2_VERSION failed
 [ -d "$work/registry" ] || { echo "no registry storage in $work: run bench/containerd.sh first" >&2; exit 1; }
 
 base=$work/commit-ab
+snap_pid="" ctd_pid=""
+# stop_run: the run's containerd and snapshotter, and its mounts.
+stop_run() {
+  [ -z "$ctd_pid" ] || { kill "$ctd_pid" 2>/dev/null; wait "$ctd_pid" 2>/dev/null; }
+  [ -z "$snap_pid" ] || { kill "$snap_pid" 2>/dev/null; wait "$snap_pid" 2>/dev/null; }
+  ctd_pid="" snap_pid=""
+  findmnt -rn -o TARGET | grep -F "$base/" | sort -r | while IFS= read -r m; do
+    umount "$m" 2>/dev/null || umount -l "$m"
+  done
+}
+trap 'stop_run; registry_stop' EXIT
+trap 'exit 130' INT TERM
+# What an earlier run left (KEEP=1, or stopped): every run starts cold.
+stop_run
+rm -rf "$base"
 mkdir -p "$base"
 chattr +T "$base" 2>/dev/null || true
-registry_start "$work/registry"
-trap registry_stop EXIT
+registry_start "$work/registry" || { echo "the registry did not start" >&2; exit 1; }
 
 # one LABEL BINARY ROUND: one cold pull; prints its line.
 one() {
-  local label=$1 cairn=$2 d=$base/$1-$3 sock snap_pid ctd_pid t0 t1 snap_cpu ctd_cpu exports=""
+  local label=$1 cairn=$2 d=$base/$1-$3 sock t0 t1 snap_cpu ctd_cpu exports=""
   mkdir -p "$d"
   chattr +T "$d" 2>/dev/null || true
   sock=$d/containerd.sock
   local args=()
   [ "$mode" = remote ] && args=(--no-lazy)
-  CAIRN_LOG=${LOG:-info} "$cairn" --root "$d/store" snapshotter --address "$d/cairn.sock" "${args[@]}" \
+  CAIRN_LOG=${LOG:-info} "$cairn" --root "$d/store" snapshotter --address "$d/cairn.sock" ${args[@]+"${args[@]}"} \
     2>"$d/snapshotter.log" &
   snap_pid=$!
   for _ in $(seq 200); do [ -S "$d/cairn.sock" ] && break; sleep 0.05; done
+  [ -S "$d/cairn.sock" ] || { echo "the snapshotter did not start ($d/snapshotter.log)" >&2; exit 1; }
   [ "$mode" = remote ] &&
     exports=$(printf '  [proxy_plugins.cairn.exports]\n    enable_remote_snapshot_annotations = "true"')
   cat >"$d/config.toml" <<EOF
@@ -79,10 +96,12 @@ $exports
 EOF
   CONTAINERD_DISABLE_PIGZ=1 PATH=$bin:$PATH "$bin/containerd" --config "$d/config.toml" >"$d/containerd.log" 2>&1 &
   ctd_pid=$!
+  local up=""
   for _ in $(seq 200); do
-    [ -S "$sock" ] && "$bin/ctr" -a "$sock" version >/dev/null 2>&1 && break
+    [ -S "$sock" ] && "$bin/ctr" -a "$sock" version >/dev/null 2>&1 && { up=1; break; }
     sleep 0.05
   done
+  [ -n "$up" ] || { echo "containerd did not start ($d/containerd.log)" >&2; exit 1; }
   sync
   echo 3 >/proc/sys/vm/drop_caches
   t0=$(date +%s.%N)
@@ -90,15 +109,15 @@ EOF
     echo "FAIL $label: $(tail -1 "$d/pull.out")"
   fi
   t1=$(date +%s.%N)
+  # The CPU of the whole job: the snapshot directories the snapshotter
+  # empties in the background (snapshots/tmp/rm.*) count too.
+  for _ in $(seq 600); do
+    compgen -G "$d/store/snapshots/tmp/rm.*" >/dev/null || break
+    sleep 0.05
+  done
   snap_cpu=$(awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$snap_pid/stat")
   ctd_cpu=$(awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$ctd_pid/stat")
-  kill "$ctd_pid" 2>/dev/null
-  wait "$ctd_pid" 2>/dev/null
-  kill "$snap_pid" 2>/dev/null
-  wait "$snap_pid" 2>/dev/null
-  findmnt -rn -o TARGET | grep -F "$d/" | sort -r | while IFS= read -r m; do
-    umount "$m" 2>/dev/null || umount -l "$m"
-  done
+  stop_run
   echo "round=$3 $label pull_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') snapshotter_cpu_s=$snap_cpu containerd_cpu_s=$ctd_cpu"
 }
 

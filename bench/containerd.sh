@@ -377,6 +377,12 @@ for mode in overlayfs normal remote; do
   for ref in "${share_refs[@]}"; do
     pull "$mode" "$ref" >"$d/pull.out" 2>&1 || die "pull $ref ($mode)"
   done
+  # The snapshotter empties the directories of committed snapshots in the
+  # background (snapshots/tmp/rm.*): the disk figure is taken once it has.
+  for _ in $(seq 600); do
+    compgen -G "$d/store/snapshots/tmp/rm.*" >/dev/null || break
+    sleep 0.1
+  done
   sync
   case $mode in
     overlayfs) disk=$(du -sx --block-size=1 "$d/root/io.containerd.snapshotter.v1.overlayfs" | cut -f1) ;;

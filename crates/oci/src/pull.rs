@@ -526,10 +526,14 @@ fn fetch_layers(
             if let Err(e) =
                 fetch_layer(store, reg, resolved, index, cancel, opts, observer, reports)
             {
-                cancel.store(true, Ordering::Relaxed);
-                let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
-                if slot.is_none() && !matches!(e, PullError::Cancelled) {
-                    *slot = Some(e);
+                // Whoever stops the others first has the error that
+                // matters. A fetch stopped while it waited on the network
+                // may fail with that wait's error (a timeout) rather than
+                // `Cancelled`: it is not the pull's error either, nor is
+                // any error after the pull's tree stopped the fetches.
+                if !cancel.swap(true, Ordering::Relaxed) && !matches!(e, PullError::Cancelled) {
+                    let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
+                    slot.get_or_insert(e);
                 }
                 break;
             }

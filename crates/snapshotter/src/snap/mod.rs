@@ -786,6 +786,9 @@ impl Snapshotter {
                 self.remove_dir(&e.path());
             }
         }
+        // The space is back when Cleanup returns (containerd calls it for
+        // that), also that of the snapshots removed before it.
+        self.reaper.wait();
         let chains = self.dir.join("chains");
         for e in fs::read_dir(&chains).map_err(internal(chains.display()))? {
             let e = e.map_err(internal(chains.display()))?;

@@ -13,17 +13,23 @@
 //! one directory after another, while the caller answers.
 //!
 //! Nothing reads the directory once it is renamed, and its name (`rm.` and
-//! the snapshot's id) is never given twice: ids are not reused. A removal
-//! still queued when the process ends is finished by the next start.
+//! the snapshot's id) is not given twice while it is there: a process
+//! gives each id once, and a new one empties `tmp/` before it gives any (a
+//! removal still queued when the process ended is finished then).
+//! `Cleanup` waits for the queue ([`Reaper::wait`]): containerd calls it to
+//! get space back, and it should have it when the call returns.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// The thread that empties directories moved aside, started at the first.
 #[derive(Default)]
 pub(super) struct Reaper {
     tx: Option<Sender<PathBuf>>,
+    /// Directories queued and not yet removed.
+    pending: Arc<(Mutex<usize>, Condvar)>,
 }
 
 impl Reaper {
@@ -46,16 +52,30 @@ impl Reaper {
         remove_now(&junk);
     }
 
+    /// Waits until every directory queued so far is removed.
+    pub(super) fn wait(&self) {
+        let (count, done) = &*self.pending;
+        let mut n = count.lock().unwrap_or_else(|p| p.into_inner());
+        while *n > 0 {
+            n = done.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
     /// Queues `junk` for the thread (starting it); gives `junk` back when
     /// there is no thread to take it.
     fn queue(&mut self, junk: PathBuf) -> Option<PathBuf> {
         if self.tx.is_none() {
             let (tx, rx) = mpsc::channel::<PathBuf>();
+            let pending = Arc::clone(&self.pending);
             let started = std::thread::Builder::new()
                 .name("cairn-snap-rm".into())
                 .spawn(move || {
                     for dir in rx {
                         remove_now(&dir);
+                        let (count, done) = &*pending;
+                        let mut n = count.lock().unwrap_or_else(|p| p.into_inner());
+                        *n = n.saturating_sub(1);
+                        done.notify_all();
                     }
                 });
             match started {
@@ -67,9 +87,12 @@ impl Reaper {
             }
         }
         let tx = self.tx.as_ref()?;
+        let (count, _) = &*self.pending;
+        *count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         match tx.send(junk) {
             Ok(()) => None,
             Err(mpsc::SendError(junk)) => {
+                *count.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
                 self.tx = None;
                 Some(junk)
             }
@@ -102,18 +125,18 @@ mod tests {
         }
         // Not there: nothing happens.
         r.remove(&d.path().join("9"), tmp.join("rm.9"));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while fs::read_dir(&tmp).unwrap().count() > 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the thread empties tmp/"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        r.wait();
+        assert_eq!(
+            fs::read_dir(&tmp).unwrap().count(),
+            0,
+            "the thread emptied tmp/"
+        );
         assert_eq!(
             fs::read_dir(d.path()).unwrap().count(),
             1,
             "only tmp/ is left"
         );
+        // Nothing queued: no wait.
+        r.wait();
     }
 }
