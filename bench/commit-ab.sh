@@ -63,7 +63,7 @@ registry_start "$work/registry" || { echo "the registry did not start" >&2; exit
 
 # one LABEL BINARY ROUND: one cold pull; prints its line.
 one() {
-  local label=$1 cairn=$2 d=$base/$1-$3 sock t0 t1 snap_cpu ctd_cpu exports=""
+  local label=$1 cairn=$2 d=$base/$1-$3 sock t0 t1 snap_cpu ctd_cpu
   mkdir -p "$d"
   chattr +T "$d" 2>/dev/null || true
   sock=$d/containerd.sock
@@ -74,26 +74,9 @@ one() {
   snap_pid=$!
   for _ in $(seq 200); do [ -S "$d/cairn.sock" ] && break; sleep 0.05; done
   [ -S "$d/cairn.sock" ] || { echo "the snapshotter did not start ($d/snapshotter.log)" >&2; exit 1; }
-  [ "$mode" = remote ] &&
-    exports=$(printf '  [proxy_plugins.cairn.exports]\n    enable_remote_snapshot_annotations = "true"')
-  cat >"$d/config.toml" <<EOF
-version = 3
-root = "$d/root"
-state = "$d/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"]
-[grpc]
-  address = "$sock"
-[ttrpc]
-  address = "$sock.ttrpc"
-[proxy_plugins.cairn]
-  type = "snapshot"
-  address = "$d/cairn.sock"
-$exports
-[[plugins."io.containerd.transfer.v1.local".unpack_config]]
-  platform = "linux/amd64"
-  snapshotter = "cairn"
-  differ = "walking"
-EOF
+  local remote=0
+  [ "$mode" = remote ] && remote=1
+  containerd2_cairn_config "$d" "$sock" "$d/cairn.sock" "$remote" >"$d/config.toml"
   CONTAINERD_DISABLE_PIGZ=1 PATH=$bin:$PATH "$bin/containerd" --config "$d/config.toml" >"$d/containerd.log" 2>&1 &
   ctd_pid=$!
   local up=""

@@ -214,28 +214,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
   address = "$d/cairn.sock"
 EOF
   else
-    cat >"$d/config.toml" <<EOF
-version = 3
-root = "$d/root"
-state = "$d/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"]
-[grpc]
-  address = "$sock"
-[ttrpc]
-  address = "$sock.ttrpc"
-[proxy_plugins.cairn]
-  type = "snapshot"
-  address = "$d/cairn.sock"
-$(case $mode in remote | lazy) printf '  [proxy_plugins.cairn.exports]\n    enable_remote_snapshot_annotations = "true"\n' ;; esac)
-[[plugins."io.containerd.transfer.v1.local".unpack_config]]
-  platform = "linux/amd64"
-  snapshotter = "overlayfs"
-  differ = "walking"
-[[plugins."io.containerd.transfer.v1.local".unpack_config]]
-  platform = "linux/amd64"
-  snapshotter = "cairn"
-  differ = "walking"
-EOF
+    local remote=0
+    case $mode in remote | lazy) remote=1 ;; esac
+    containerd2_cairn_config "$d" "$sock" "$d/cairn.sock" "$remote" >"$d/config.toml"
   fi
   CONTAINERD_DISABLE_PIGZ=1 PATH=$bin:$PATH "$bin/containerd" --config "$d/config.toml" >"$d/containerd.log" 2>&1 &
   ctd_pid=$!

@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # containerd 2.4.2 (containerd, ctr, containerd-shim-runc-v2) built with
 # `go install` from its Go module into /usr/local/lib/cairn-bench/bin:
-# sourced by setup.sh (for the snapshotter tests), bench/pull-containerd.sh
-# and bench/containerd.sh. Go module downloads use the machine's Go proxy
+# sourced by setup.sh (for the snapshotter tests), bench/pull-containerd.sh,
+# bench/containerd.sh and bench/commit-ab.sh. Go module downloads use the machine's Go proxy
 # settings.
 
 CONTAINERD2_VERSION=2.4.2
@@ -39,4 +39,39 @@ install_containerd2() {
       return
     fi
   done
+}
+
+# containerd2_cairn_config DIR SOCK SNAPSHOTTER_SOCK REMOTE: the config of a
+# containerd 2.4 with its root, state and sockets in DIR (the CRI plugins
+# off), `cairn snapshotter` at SNAPSHOTTER_SOCK as the proxy snapshotter
+# `cairn` (with the remote snapshotter labels exported when REMOTE is 1),
+# and both `overlayfs` and `cairn` unpacked by the walking differ.
+containerd2_cairn_config() {
+  local d=$1 sock=$2 snap_sock=$3 remote=$4
+  cat <<EOC
+version = 3
+root = "$d/root"
+state = "$d/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"]
+[grpc]
+  address = "$sock"
+[ttrpc]
+  address = "$sock.ttrpc"
+[proxy_plugins.cairn]
+  type = "snapshot"
+  address = "$snap_sock"
+EOC
+  if [ "$remote" = 1 ]; then
+    printf '  [proxy_plugins.cairn.exports]\n    enable_remote_snapshot_annotations = "true"\n'
+  fi
+  cat <<EOC
+[[plugins."io.containerd.transfer.v1.local".unpack_config]]
+  platform = "linux/amd64"
+  snapshotter = "overlayfs"
+  differ = "walking"
+[[plugins."io.containerd.transfer.v1.local".unpack_config]]
+  platform = "linux/amd64"
+  snapshotter = "cairn"
+  differ = "walking"
+EOC
 }

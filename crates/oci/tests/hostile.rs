@@ -996,6 +996,31 @@ fn bearer_token_with_credentials_from_auth_file() {
     }
 }
 
+/// A pull of `img` from `server`, named `name`, two layers at a time, into
+/// a new store: its directory, the reference and options used, and the
+/// result (the store is closed again).
+fn pull_into_new_store(
+    img: &FakeImage,
+    server: &FakeServer,
+    name: &str,
+) -> (
+    tempfile::TempDir,
+    ImageRef,
+    PullOptions,
+    Result<cairn_oci::PullReport, cairn_oci::PullError>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = ImageRef::parse(&img.reference(&server.addr)).unwrap();
+    let opts = PullOptions {
+        name: Some(name.into()),
+        jobs: 2,
+        ..test_pull_options()
+    };
+    let store = cairn_store::Store::open(dir.path()).unwrap();
+    let pulled = cairn_oci::pull(&store, &r, &opts, &|_: &cairn_oci::PullEvent<'_>| {});
+    (dir, r, opts, pulled)
+}
+
 #[test]
 fn failed_pull_keeps_only_verified_layers_and_retry_reuses_them() {
     let img = FakeImage::new();
@@ -1015,16 +1040,8 @@ fn failed_pull_keeps_only_verified_layers_and_retry_reuses_them() {
             })
         }),
     );
-    let dir = tempfile::tempdir().unwrap();
-    let r = ImageRef::parse(&img.reference(&server.addr)).unwrap();
-    let opts = PullOptions {
-        name: Some("partial".into()),
-        jobs: 2,
-        ..test_pull_options()
-    };
-    let store = cairn_store::Store::open(dir.path()).unwrap();
-    let err = cairn_oci::pull(&store, &r, &opts, &|_: &cairn_oci::PullEvent<'_>| {}).unwrap_err();
-    drop(store);
+    let (dir, r, opts, pulled) = pull_into_new_store(&img, &server, "partial");
+    let err = pulled.unwrap_err();
     assert!(
         err.to_string()
             .contains(&format!("blob {}", img.layers[0].0)),
@@ -1166,12 +1183,7 @@ fn a_layer_listed_twice_is_fetched_once_and_the_image_is_the_cached_one() {
     let mut img = FakeImage::new();
     let first = img.layers[0].clone();
     img.layers.push(first);
-    let diff_ids: Vec<String> = img.layers.iter().map(|l| l.2.clone()).collect();
-    let mut config: serde_json::Value = serde_json::from_slice(&img.config).unwrap();
-    config["rootfs"]["diff_ids"] = serde_json::json!(diff_ids);
-    img.config = serde_json::to_vec(&config).unwrap();
-    img.config_digest = common::registry::sha256(&img.config);
-    img.rebuild_manifest(|_| {});
+    img.rebuild_config();
     let s = Served::new(&img);
     let report = s.pull().unwrap();
     let blob = format!("/v2/img/blobs/{}", img.layers[0].0);
@@ -1241,12 +1253,7 @@ fn a_layer_that_does_not_apply_stops_the_pull_and_is_named() {
             )
         })
         .collect();
-    let diff_ids: Vec<String> = img.layers.iter().map(|l| l.2.clone()).collect();
-    let mut config: serde_json::Value = serde_json::from_slice(&img.config).unwrap();
-    config["rootfs"]["diff_ids"] = serde_json::json!(diff_ids);
-    img.config = serde_json::to_vec(&config).unwrap();
-    img.config_digest = common::registry::sha256(&img.config);
-    img.rebuild_manifest(|_| {});
+    img.rebuild_config();
     let server = serve_with(
         img.clone(),
         Arc::new(|img, req, _| {
@@ -1262,18 +1269,8 @@ fn a_layer_that_does_not_apply_stops_the_pull_and_is_named() {
             })
         }),
     );
-    let dir = tempfile::tempdir().unwrap();
-    let r = ImageRef::parse(&img.reference(&server.addr)).unwrap();
-    let opts = PullOptions {
-        name: Some("conflict".into()),
-        jobs: 2,
-        ..test_pull_options()
-    };
-    let store = cairn_store::Store::open(dir.path()).unwrap();
-    let err = cairn_oci::pull(&store, &r, &opts, &|_: &cairn_oci::PullEvent<'_>| {})
-        .unwrap_err()
-        .to_string();
-    drop(store);
+    let (dir, _, _, pulled) = pull_into_new_store(&img, &server, "conflict");
+    let err = pulled.unwrap_err().to_string();
     assert!(
         err.contains("parent /f of /f/x is not a directory"),
         "{err}"

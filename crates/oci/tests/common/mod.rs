@@ -108,6 +108,17 @@ impl FakeImage {
         img
     }
 
+    /// Rewrites the config's diff_ids from the layers, then the config's
+    /// digest and the manifest: after the layers were changed.
+    pub fn rebuild_config(&mut self) {
+        let diff_ids: Vec<String> = self.layers.iter().map(|l| l.2.clone()).collect();
+        let mut config: serde_json::Value = serde_json::from_slice(&self.config).unwrap();
+        config["rootfs"]["diff_ids"] = serde_json::json!(diff_ids);
+        self.config = serde_json::to_vec(&config).unwrap();
+        self.config_digest = sha256(&self.config);
+        self.rebuild_manifest(|_| {});
+    }
+
     /// Rewrites the manifest (after `edit` of its JSON) and its digest.
     pub fn rebuild_manifest(&mut self, edit: impl FnOnce(&mut serde_json::Value)) {
         let mut m = serde_json::json!({
