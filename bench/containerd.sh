@@ -40,12 +40,21 @@
 #
 #   sudo bench/containerd.sh [--runs N] [--only python,linux] [--containerd 2.4|1.6]
 #                            [--warm N] [--cairn BIN] [--out FILE] [--work DIR]
+#                            [--settle SECS]
+#
+# A round's samples (the four paths, each with its /bin/true and its
+# command sample) are deleted together at the round's end, then the script
+# pauses --settle seconds (default 60) before the next round: journal-less
+# ext4 makes every file created within about a minute of many deletions
+# slow (`recently_deleted()`, docs/machines.md), which charged each sample
+# for the one deleted just before it (0.1 s more for a lazy pull + run
+# after a deleted remote sample, session 36), also under `chattr +T`.
 set -euo pipefail
 
 here=$(dirname "$(readlink -f "$0")")
 repo=$(dirname "$here")
 all_args=("$@")
-runs=3 warm_runs=7 only=python ctd_version=2.4
+runs=3 warm_runs=7 only=python ctd_version=2.4 settle=60
 cairn=$repo/target/x86_64-unknown-linux-musl/release/cairn
 out=$repo/bench/results/containerd.md
 work=/var/tmp/cairn-bench-containerd
@@ -65,6 +74,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --work) work=$2; shift ;;
     --containerd) ctd_version=$2; shift ;;
+    --settle) settle=$2; shift ;;
     -h | --help) sed -n '2,/^#  *\[--cairn/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (try --help)" ;;
   esac
@@ -74,6 +84,7 @@ IFS=, read -r -a images <<<"$only"
 for img in "${images[@]}"; do case "$img" in python | linux) ;; *) die "--only: python, linux" ;; esac; done
 case "$ctd_version" in 1.6 | 2.4) ;; *) die "--containerd: 1.6 (Debian's) or 2.4 (2.4.2)" ;; esac
 [[ "$warm_runs" =~ ^[1-9][0-9]*$ ]] || die "--warm: a number of starts, at least 1"
+[[ "$settle" =~ ^[0-9]+$ ]] || die "--settle: a number of seconds"
 [ "$(id -u)" -eq 0 ] || die "run as root"
 [ -x "$cairn" ] || die "no cairn binary at $cairn (cargo build --release, or --cairn BIN)"
 
@@ -182,6 +193,12 @@ drop_caches() {
   sync
   echo 3 >/proc/sys/vm/drop_caches
 }
+# settle_now: the pause after deleting samples (see the top of this file).
+settle_now() {
+  [ "$settle" -gt 0 ] || return 0
+  say "waiting ${settle}s (inodes freed by the deleted samples)"
+  sleep "$settle"
+}
 
 # start D MODE: containerd in D; MODE overlayfs, normal, remote or lazy
 # (the last three with `cairn snapshotter` on D/store).
@@ -247,10 +264,10 @@ sent_since() {
   tail -n +"$(($1 + 1))" "$work/registry/access.log" | awk '$10 ~ /^[0-9]+$/ { t += $10 } END { printf "%d", t }'
 }
 
-# Every sample makes a fresh containerd root and cairn store right after the
-# last sample's were deleted: with `chattr +T` ext4 spreads each new sample
-# directory over other block groups, instead of making its files wait on
-# the inodes freed a moment ago (docs/machines.md, `recently_deleted()`).
+# Every sample makes a fresh containerd root and cairn store. `chattr +T`
+# asks ext4 to spread each new sample directory over block groups of its
+# own; it does not hide the inodes freed a moment ago (docs/machines.md,
+# `recently_deleted()`), hence the deletions once a round and --settle.
 chattr +T "$work" 2>/dev/null || true
 mkdir -p "$run_dir"
 chattr +T "$run_dir" 2>/dev/null || true
@@ -404,6 +421,7 @@ for mode in overlayfs normal remote; do
   stop_all
   rm -rf "$d"
 done
+settle_now
 
 # ---------------------------------------------------------------- cold + warm
 # check_path D MODE: the pull took the path MODE names (the snapshotter's log).
@@ -430,6 +448,7 @@ check_output() {
   fi
 }
 modes=(overlayfs normal remote lazy)
+done_dirs=()
 for img in "${images[@]}"; do
   mapfile -t cmd < <(cmd_lines "$img")
   for r in $(seq 1 "$runs"); do
@@ -460,7 +479,7 @@ for img in "${images[@]}"; do
       printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$img" "$mode" "$tp" "$tr" "$warm" "$bytes" >>"$samples"
       say "$img run $r $mode: pull ${tp}s, pull+run ${tr}s, warm run ${warm}s, ${bytes} bytes from the registry"
       stop_all
-      rm -rf "$d"
+      done_dirs+=("$d")
       # Pull and the image's command.
       n=$((n + 1))
       d=$run_dir/$n-$mode-cmd
@@ -477,9 +496,13 @@ for img in "${images[@]}"; do
       printf '%s\t%s\t%s\t%s\n' "$img" "$mode" "$tc" "$bytes" >>"$cmds"
       say "$img run $r $mode: pull + $(cmd_json "$img") ${tc}s, ${bytes} bytes from the registry"
       stop_all
-      rm -rf "$d"
+      done_dirs+=("$d")
     done
+    rm -rf "${done_dirs[@]}"
+    done_dirs=()
+    [ "$r" -eq "$runs" ] || settle_now
   done
+  [ "$img" = "${images[-1]}" ] || settle_now
 done
 
 {
@@ -491,6 +514,7 @@ done
   printf 'command\t%s\n' "bench/containerd.sh ${all_args[*]}"
   printf 'runs\t%s\n' "$runs"
   printf 'warm\t%s\n' "$warm_runs"
+  printf 'settle\t%s\n' "$settle"
   for img in "${images[@]}"; do
     printf 'cmd %s\t%s\n' "$img" "$(cmd_json "$img")"
     printf 'prefetch %s\t%s\n' "$img" "$(wc -l <"$work/registry/$img.prefetch" 2>/dev/null || echo '?')"

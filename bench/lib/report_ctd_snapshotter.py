@@ -54,7 +54,10 @@ def main():
     out.append(f"{meta['versions']}.  ")
     out.append(f"`{meta['command']}`; medians of {meta['runs']} interleaved cold samples "
                "(page cache dropped, fresh containerd root and cairn store each); a sample's warm "
-               f"start is the median of its {meta.get('warm', '3')} warm starts.")
+               f"start is the median of its {meta.get('warm', '3')} warm starts."
+               + (f" A round's samples are deleted at its end, then {meta['settle']} s of pause "
+                  "(journal-less ext4 is slow to create files within a minute of many deletions)."
+                  if meta.get('settle') else ""))
     out.append("")
     out.append("The remote lazy path pulls a copy of the image that has a cairn lazy artifact "
                "(`cairn push`, with the prefetch list a first `cairn run --lazy --record-prefetch` of "
