@@ -47,8 +47,10 @@
 # pauses --settle seconds (default 60) before the next round: journal-less
 # ext4 makes every file created within about a minute of many deletions
 # slow (`recently_deleted()`, docs/machines.md), which charged each sample
-# for the one deleted just before it (0.1 s more for a lazy pull + run
-# after a deleted remote sample, session 36), also under `chattr +T`.
+# for the one deleted just before it, also under `chattr +T`. The normal
+# path deletes too (each Commit empties the snapshot directory containerd
+# unpacked into, tens of thousands of files for the Linux tree): its
+# samples come last in a round, each followed by the pause.
 set -euo pipefail
 
 here=$(dirname "$(readlink -f "$0")")
@@ -447,7 +449,7 @@ check_output() {
     die "$1: output differs from the first sample's: $(diff "$want" "$2" | head -5 | tr '\n' ' ')"
   fi
 }
-modes=(overlayfs normal remote lazy)
+modes=(overlayfs remote lazy normal)
 done_dirs=()
 for img in "${images[@]}"; do
   mapfile -t cmd < <(cmd_lines "$img")
@@ -480,6 +482,7 @@ for img in "${images[@]}"; do
       say "$img run $r $mode: pull ${tp}s, pull+run ${tr}s, warm run ${warm}s, ${bytes} bytes from the registry"
       stop_all
       done_dirs+=("$d")
+      [ "$mode" != normal ] || settle_now
       # Pull and the image's command.
       n=$((n + 1))
       d=$run_dir/$n-$mode-cmd

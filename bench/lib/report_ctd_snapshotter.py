@@ -55,8 +55,11 @@ def main():
     out.append(f"`{meta['command']}`; medians of {meta['runs']} interleaved cold samples "
                "(page cache dropped, fresh containerd root and cairn store each); a sample's warm "
                f"start is the median of its {meta.get('warm', '3')} warm starts."
-               + (f" A round's samples are deleted at its end, then {meta['settle']} s of pause "
-                  "(journal-less ext4 is slow to create files within a minute of many deletions)."
+               + (" A round takes the paths in the order overlayfs, remote, lazy, normal; "
+                  f"its samples are deleted at its end, then {meta['settle']} s of pause, and "
+                  "each normal-path sample (whose Commits delete the unpacked directories) is "
+                  "followed by the same pause: journal-less ext4 is slow to create files within "
+                  "a minute of many deletions."
                   if meta.get('settle') else ""))
     out.append("")
     out.append("The remote lazy path pulls a copy of the image that has a cairn lazy artifact "
