@@ -308,7 +308,7 @@ impl RemoteObjects {
             let data = if whole {
                 self.verify_frame(id, &f, &z)?
             } else {
-                artifact::unzstd_exact(&z, f.size).map_err(|d| self.corrupt(id, f.pack, d))?
+                self.decode_frame(id, &f, &z)?
             };
             out.write_all(&data).map_err(write_err)?;
             return Ok(e.size);
@@ -373,7 +373,7 @@ impl RemoteObjects {
         f: &Frame,
         z: &[u8],
     ) -> Result<StagedObject, RemoteError> {
-        let data = artifact::unzstd_exact(z, f.size).map_err(|d| self.corrupt(id, f.pack, d))?;
+        let data = self.decode_frame(id, f, z)?;
         let mut stager = store.stage_object()?;
         stager.write(&data)?;
         let staged = stager.finish(store)?;
@@ -387,9 +387,15 @@ impl RemoteObjects {
         Ok(staged)
     }
 
+    /// Decompresses the single frame `f` of object `id` to exactly its
+    /// size, unchecked; an error names the object and its pack.
+    fn decode_frame(&self, id: &ObjectId, f: &Frame, z: &[u8]) -> Result<Vec<u8>, RemoteError> {
+        artifact::unzstd_exact(z, f.size).map_err(|d| self.corrupt(id, f.pack, d))
+    }
+
     /// Decompresses a single-frame object and checks its fs-verity digest.
     fn verify_frame(&self, id: &ObjectId, f: &Frame, z: &[u8]) -> Result<Vec<u8>, RemoteError> {
-        let data = artifact::unzstd_exact(z, f.size).map_err(|d| self.corrupt(id, f.pack, d))?;
+        let data = self.decode_frame(id, f, z)?;
         let mut h = FsVerityHasher::new();
         h.update(&data);
         let actual = h.finalize();
