@@ -82,6 +82,7 @@ mod object;
 mod private;
 mod publish;
 mod record;
+mod sha256x2;
 mod refs;
 mod resolve;
 mod sys;
