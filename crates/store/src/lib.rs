@@ -59,10 +59,12 @@
 //!
 //! # Modules
 //!
-//! `verity` computes digests (pure), `object` publishes objects, `image`
+//! `verity` computes digests (pure; `sha256x2` hashes its data blocks two
+//! at a time), `object` publishes objects, `image`
 //! images, `refs` refs, `lock` the store lock, `tmp` owns staging, `kernel`
 //! probes and enables fs-verity, `private` keeps the store's modes,
-//! `sys` holds the crate's only `unsafe`. Digests from outside are
+//! `sys` (the fs-verity ioctl) and `sha256x2` (the CPU's SHA
+//! instructions) hold the crate's only `unsafe`. Digests from outside are
 //! parsed by `cairn_spec::parse_digest` (re-exported here), `resolve`
 //! turns what a user types into an image, `graph` reads what keeps what alive, `mounts` finds live mounts,
 //! and `gc`, `fsck` and `usage` walk that graph to collect garbage, check

@@ -10,7 +10,7 @@
 //! and dm-verity leaves two at a time for the same reason
 //! (`sha256_ni_finup2x`). Measured on this project's machines (Intel, SHA-NI,
 //! one core): `sha2` 1.24-1.37 GB/s of 4096-byte blocks, this 1.89-1.96
-//! GB/s (`docs/store.md`, "Digests").
+//! GB/s (`docs/store.md`, "fs-verity").
 //!
 //! What it owns: the compression function for two messages, and the
 //! fixed padding of a 4096-byte message. It must never be the only check

@@ -1,5 +1,6 @@
-//! The crate's only `unsafe`: the fs-verity ioctl, which rustix has no safe
-//! wrapper for.
+//! The fs-verity ioctl, which rustix has no safe wrapper for: with
+//! `sha256x2`'s calls into the CPU's SHA instructions, the crate's only
+//! `unsafe`.
 //!
 //! This module owns the kernel ABI structs and opcodes and nothing else: no
 //! policy (whether verity is wanted, what an error means), no paths. Every
