@@ -256,12 +256,15 @@ mod tests {
     /// The tree fails on the first line a layer's tap sends (a corrupt
     /// record line): the imports are stopped, and the tree's error is the
     /// one returned. Without the stop, the import below would read on
-    /// for ten seconds and then succeed.
+    /// for ten seconds and then succeed. The second layer's import may
+    /// never start (its thread can find the imports stopped before it
+    /// takes a layer); if it did, it was stopped too.
     #[test]
     fn a_tree_that_fails_stops_the_imports_and_its_error_is_returned() {
         let d = tempfile::tempdir().unwrap();
         let store = Store::open(d.path()).unwrap();
         let diff_ids = vec![format!("sha256:{:064x}", 1), format!("sha256:{:064x}", 2)];
+        let started = [AtomicBool::new(false), AtomicBool::new(false)];
         let stopped = [AtomicBool::new(false), AtomicBool::new(false)];
         let e = import_each_staged(
             &store,
@@ -269,6 +272,7 @@ mod tests {
             2,
             true,
             |i, cancel, watch| {
+                started[i].store(true, Ordering::Relaxed);
                 if i == 0 {
                     let mut tap = watch.tap().expect("a tap for every layer");
                     assert!(tap.send(b"not a record line\n"));
@@ -296,7 +300,17 @@ mod tests {
                 if layer == &diff_ids[0] && reason.contains("corrupt layer record")),
             "{e}"
         );
-        assert!(stopped.iter().all(|s| s.load(Ordering::Relaxed)));
+        assert!(
+            stopped[0].load(Ordering::Relaxed),
+            "the failing layer's import was stopped"
+        );
+        for (i, (started, stopped)) in started.iter().zip(&stopped).enumerate() {
+            assert_eq!(
+                started.load(Ordering::Relaxed),
+                stopped.load(Ordering::Relaxed),
+                "layer {i}: an import that started was stopped"
+            );
+        }
     }
 
     #[test]
