@@ -285,7 +285,8 @@ pub fn import_layer_with(
         (b, compression, totals)
     } else {
         std::thread::scope(|s| {
-            let q = pipeline::stream_queues();
+            let at = pipeline::DiffIdStage::for_threads(threads);
+            let q = pipeline::stream_queues(at);
             let (max_bytes, max_ratio) = (limits.max_layer_bytes, limits.max_ratio);
             // Named, for `perf`, `top -H` and `ps -L`.
             let decompressor = spawn_named(s, "cairn-decompress", move || {
@@ -294,6 +295,7 @@ pub fn import_layer_with(
                     declared,
                     max_bytes,
                     max_ratio,
+                    at,
                     q.opened_tx,
                     q.tx,
                     q.free_rx,
@@ -347,11 +349,11 @@ pub fn import_layer_with(
                     layer: layer.clone(),
                     reason: "the decompression thread panicked".into(),
                 })?
+                .and_then(|counted| counted.with_diff_id(diff_id))
                 .ok_or_else(|| LayerError::Invalid {
                     layer: layer.clone(),
                     reason: "the decompression thread ended without totals".into(),
-                })?
-                .with_diff_id(diff_id);
+                })?;
             check_digests(&layer, expected_blob_digest, expected_diff_id, &totals)?;
             // Every object is staged, and the layer is the one expected:
             // the workers name their last objects as they end, which they

@@ -42,12 +42,20 @@
 //! is what `zstd -d` is usually compared with. The thread is not the
 //! bound on 2 cores (the disk, or the sum of every thread's CPU, is).
 //!
-//! The diff_id (sha256 of the uncompressed stream, some 0.8 CPU-s of
-//! that second) is computed by the parse stage as each chunk arrives,
-//! not by the decompression thread: the parse stage mostly waits for
-//! chunks and for the object workers (a profile of the Linux-tree layer:
-//! decompression 28% of the import's CPU, parsing 15%), so the longest
-//! serial chain gets shorter where more cores than two can run it.
+//! Where the diff_id (sha256 of the uncompressed stream, some 0.8 CPU-s
+//! of that second) is computed depends on the CPUs ([`DiffIdStage`]).
+//! With more than two, the parse stage hashes each chunk as it arrives:
+//! the parse stage mostly waits for chunks and for the object workers (a
+//! profile of the Linux-tree layer: decompression 28% of the import's
+//! CPU, parsing 15%), so the longest serial chain is shorter. With two or
+//! fewer, every CPU is busy and the sum of the threads' CPU is the bound,
+//! so the decompression thread hashes each piece right after inflating
+//! it, while it is in that core's cache: the parse stage's hash read the
+//! chunk from another core's cache or from memory, after up to
+//! [`CHUNK_QUEUE`] others, and took about 25% longer for the same bytes
+//! (Linux-tree pull on 2 cores, `perf record`: the two digests of the
+//! decompression thread 1.06 CPU-s, against 1.19-1.21 s for the diff_id
+//! in the parse stage plus 0.14-0.17 s for the blob digest).
 //!
 //! Messages carry batches, not files: the data of many small files (and
 //! the beginnings, ends and holes of each) travel in one buffer, so a
@@ -141,16 +149,24 @@ pub(crate) struct Totals {
 impl Totals {
     /// The totals of a stack that hashed the stream itself.
     pub(crate) fn of(meter: &Meter) -> Totals {
-        Counted::of(meter).with_diff_id(meter.diff_id())
+        let diff_id = meter.diff_id();
+        Totals {
+            blob_digest: meter.blob_digest().unwrap_or_else(|| diff_id.clone()),
+            diff_id,
+            compressed: meter.compressed.get(),
+            uncompressed: meter.uncompressed.get(),
+        }
     }
 }
 
 /// What the decompression stage counted and hashed, once it ended; the
-/// diff_id is the parse stage's ([`ChunkReader::diff_id`]).
+/// diff_id is its own or the parse stage's ([`DiffIdStage`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Counted {
     /// `None`: the blob is uncompressed, and its digest is the diff_id.
     blob_digest: Option<String>,
+    /// The stream's digest, where the decompression stage took it.
+    diff_id: Option<String>,
     compressed: u64,
     uncompressed: u64,
 }
@@ -159,18 +175,44 @@ impl Counted {
     pub(crate) fn of(meter: &Meter) -> Counted {
         Counted {
             blob_digest: meter.blob_digest(),
+            diff_id: None,
             compressed: meter.compressed.get(),
             uncompressed: meter.uncompressed.get(),
         }
     }
 
-    /// The totals, with the diff_id of the stream (read to its end).
-    pub(crate) fn with_diff_id(self, diff_id: String) -> Totals {
-        Totals {
+    /// The totals, with the diff_id of the stream (read to its end): this
+    /// stage's, or else the parse stage's. `None` if neither hashed it.
+    pub(crate) fn with_diff_id(self, parsed: Option<String>) -> Option<Totals> {
+        let diff_id = self.diff_id.or(parsed)?;
+        Some(Totals {
             blob_digest: self.blob_digest.unwrap_or_else(|| diff_id.clone()),
             diff_id,
             compressed: self.compressed,
             uncompressed: self.uncompressed,
+        })
+    }
+}
+
+/// Which stage of a threaded import hashes the uncompressed stream (its
+/// diff_id): see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DiffIdStage {
+    /// As it inflates each piece, while the piece is in its core's cache.
+    Decompression,
+    /// As each chunk arrives, off the decompression thread's serial chain.
+    Parse,
+}
+
+impl DiffIdStage {
+    /// [`Decompression`](Self::Decompression) on at most two CPUs, where
+    /// the threads' summed CPU is the bound; [`Parse`](Self::Parse) on
+    /// more.
+    pub(crate) fn for_threads(threads: usize) -> DiffIdStage {
+        if threads <= 2 {
+            DiffIdStage::Decompression
+        } else {
+            DiffIdStage::Parse
         }
     }
 }
@@ -193,15 +235,18 @@ pub(crate) struct ChunkReader {
     /// How the stream failed, given again to every later read (as a
     /// decompressor would).
     failed: Option<Arc<io::Error>>,
-    /// The stream's bytes as they arrived: the diff_id.
-    hash: Sha256,
+    /// The stream's bytes as they arrived: the diff_id, where this stage
+    /// takes it ([`DiffIdStage::Parse`]).
+    hash: Option<Sha256>,
 }
 
 impl ChunkReader {
-    /// The diff_id of what arrived; the whole stream once a read returned
-    /// 0 (the tar parser drains the stream after its end marker).
-    pub(crate) fn diff_id(&self) -> String {
-        format!("sha256:{}", hex::encode(self.hash.clone().finalize()))
+    /// The diff_id of what arrived, if this stage hashed it; the whole
+    /// stream once a read returned 0 (the tar parser drains the stream
+    /// after its end marker).
+    pub(crate) fn diff_id(&self) -> Option<String> {
+        let h = self.hash.as_ref()?;
+        Some(format!("sha256:{}", hex::encode(h.clone().finalize())))
     }
 }
 
@@ -258,7 +303,9 @@ impl ChunkReader {
         while self.pos == self.cur.len() {
             match self.rx.recv() {
                 Ok(Chunk::Data(d)) => {
-                    self.hash.update(&d);
+                    if let Some(h) = &mut self.hash {
+                        h.update(&d);
+                    }
                     let old = std::mem::replace(&mut self.cur, Arc::new(d));
                     self.pos = 0;
                     recycle(old, &self.free);
@@ -328,18 +375,22 @@ fn fill(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 /// The decompression stage, run in its own thread: opens `blob`, tells
 /// `opened` the compression it found, then streams the uncompressed bytes
 /// into `tx` until they end, fail, or nobody listens any more. What it
-/// counted has no diff_id: the [`ChunkReader`] hashes the stream.
+/// counted has the diff_id if `at` is [`DiffIdStage::Decompression`];
+/// otherwise the [`ChunkReader`] hashes the stream.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn decompress(
     blob: impl Read,
     declared: Option<Compression>,
     max_bytes: u64,
     max_ratio: u64,
+    at: DiffIdStage,
     opened: SyncSender<Result<Compression, OpenError>>,
     tx: SyncSender<Chunk>,
     free: Receiver<Vec<u8>>,
 ) -> Option<Counted> {
+    let hash_here = at == DiffIdStage::Decompression;
     let (mut stream, compression, meter) =
-        match open_blob(blob, declared, max_bytes, max_ratio, false) {
+        match open_blob(blob, declared, max_bytes, max_ratio, hash_here) {
             Ok(s) => s,
             Err(e) => {
                 let _ = opened.send(Err(e));
@@ -367,7 +418,11 @@ pub(crate) fn decompress(
         }
     }
     drop(stream);
-    Some(Counted::of(&meter))
+    let mut counted = Counted::of(&meter);
+    if hash_here {
+        counted.diff_id = Some(meter.diff_id());
+    }
+    Some(counted)
 }
 
 /// The queues between the parse stage and a decompression thread.
@@ -379,7 +434,9 @@ pub(crate) struct StreamQueues {
     pub reader: ChunkReader,
 }
 
-pub(crate) fn stream_queues() -> StreamQueues {
+/// The queues, with the [`ChunkReader`] hashing the stream if `at` is
+/// [`DiffIdStage::Parse`].
+pub(crate) fn stream_queues(at: DiffIdStage) -> StreamQueues {
     let (opened_tx, opened_rx) = mpsc::sync_channel(1);
     let (tx, rx) = mpsc::sync_channel(CHUNK_QUEUE);
     let (free_tx, free_rx) = mpsc::sync_channel(CHUNK_QUEUE + 2);
@@ -394,7 +451,7 @@ pub(crate) fn stream_queues() -> StreamQueues {
             cur: Arc::new(Vec::new()),
             pos: 0,
             failed: None,
-            hash: Sha256::new(),
+            hash: (at == DiffIdStage::Parse).then(Sha256::new),
         },
     }
 }
