@@ -349,10 +349,14 @@ pub fn import_layer_with(
                     layer: layer.clone(),
                     reason: "the decompression thread panicked".into(),
                 })?
-                .and_then(|counted| counted.with_diff_id(diff_id))
                 .ok_or_else(|| LayerError::Invalid {
                     layer: layer.clone(),
                     reason: "the decompression thread ended without totals".into(),
+                })?
+                .with_diff_id(diff_id)
+                .ok_or_else(|| LayerError::Invalid {
+                    layer: layer.clone(),
+                    reason: format!("no stage of the import took the stream's diff_id ({at:?})"),
                 })?;
             check_digests(&layer, expected_blob_digest, expected_diff_id, &totals)?;
             // Every object is staged, and the layer is the one expected:

@@ -207,7 +207,9 @@ pub(crate) enum DiffIdStage {
 impl DiffIdStage {
     /// [`Decompression`](Self::Decompression) on at most two CPUs, where
     /// the threads' summed CPU is the bound; [`Parse`](Self::Parse) on
-    /// more.
+    /// more. It counts the CPUs, not the layers imported beside this one
+    /// (`--jobs`): several layers at once on more than two CPUs may be
+    /// bound by the summed CPU too, which was not measured.
     pub(crate) fn for_threads(threads: usize) -> DiffIdStage {
         if threads <= 2 {
             DiffIdStage::Decompression

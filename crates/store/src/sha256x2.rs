@@ -256,6 +256,7 @@ mod tests {
     /// against `sha2`.
     #[test]
     fn pairs_hash_as_sha2_does() {
+        #[cfg(target_arch = "x86_64")]
         assert!(
             available() || !std::arch::is_x86_feature_detected!("sha"),
             "the CPU has SHA extensions but hash_pair does not use them"
