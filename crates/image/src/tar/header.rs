@@ -32,6 +32,34 @@ impl Header<'_> {
         }
     }
 
+    /// The path prefix that goes before the name field, as Go's
+    /// archive/tar (docker, containerd, umoci) reads it:
+    /// - ustar and pax: the 155-byte prefix field;
+    /// - star (ustar magic and `tar\0` in the last four bytes): a 131-byte
+    ///   prefix, with its atime and ctime after it;
+    /// - GNU: none (those bytes are the atime and the ctime), unless a time
+    ///   there is not a number: writers of Go before 1.8 put a ustar prefix
+    ///   in GNU headers, which Go reads as one if it is ASCII;
+    /// - v7: none.
+    pub(super) fn prefix(&self) -> &[u8] {
+        match self.format() {
+            Format::Ustar if &self.0[508..512] == b"tar\0" => cstr(self.field(345, 131)),
+            Format::Ustar => cstr(self.field(345, 155)),
+            Format::Gnu => {
+                let time_ok = |f: &[u8]| f[0] == 0 || go_reads_number(f);
+                let prefix = cstr(self.field(345, 155));
+                if time_ok(self.field(345, 12)) && time_ok(self.field(357, 12))
+                    || !prefix.is_ascii()
+                {
+                    &[]
+                } else {
+                    prefix
+                }
+            }
+            Format::V7 => &[],
+        }
+    }
+
     pub(super) fn check_checksum(&self) -> Result<(), String> {
         let stored = parse_octal(self.field(148, 8))
             .map_err(|_| "header checksum field is not a number".to_string())?;
@@ -90,6 +118,48 @@ pub(super) fn parse_octal_or_256(f: &[u8], what: &str) -> Result<u64, String> {
             String::from_utf8_lossy(bad)
         )
     })
+}
+
+/// Whether Go's archive/tar reads the numeric field `f` without an error
+/// (`parseNumeric`): base-256 that fits in 63 bits, or octal digits with
+/// spaces and NULs around them, cut at the first NUL inside. Only what
+/// decides how a GNU header's prefix is read ([`Header::prefix`]); cairn's
+/// own numbers are read by [`parse_octal_or_256`], which is stricter.
+fn go_reads_number(f: &[u8]) -> bool {
+    if f[0] & 0x80 != 0 {
+        let inv = if f[0] & 0x40 != 0 { 0xff } else { 0 };
+        let mut x: u64 = 0;
+        for (i, &c) in f.iter().enumerate() {
+            let c = if i == 0 { (c ^ inv) & 0x7f } else { c ^ inv };
+            if x >> 56 != 0 {
+                return false;
+            }
+            x = (x << 8) | u64::from(c);
+        }
+        return x >> 63 == 0;
+    }
+    let pad = |b: &u8| *b == b' ' || *b == 0;
+    let start = f.iter().position(|b| !pad(b)).unwrap_or(f.len());
+    let end = f.iter().rposition(|b| !pad(b)).map_or(start, |i| i + 1);
+    if start >= end {
+        return true;
+    }
+    let digits = cstr(&f[start..end]);
+    let mut v: u64 = 0;
+    !digits.is_empty()
+        && digits.iter().all(|&d| {
+            (b'0'..=b'7').contains(&d)
+                && match v
+                    .checked_mul(8)
+                    .and_then(|v| v.checked_add(u64::from(d - b'0')))
+                {
+                    Some(n) => {
+                        v = n;
+                        true
+                    }
+                    None => false,
+                }
+        })
 }
 
 /// Octal digits, with leading spaces and trailing NULs or spaces allowed.

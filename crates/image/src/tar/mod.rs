@@ -452,6 +452,21 @@ impl<R: TarSource> TarReader<R> {
                         ),
                     ));
                 }
+                // The end is two zero blocks, or one at the end of the
+                // stream. A header after a single zero block is refused,
+                // as Go's archive/tar (docker, containerd, umoci) refuses
+                // it, rather than ending the archive there and hiding
+                // what follows from cairn but not from other readers.
+                let next = self.pos;
+                if self.read_block(&mut block)? && block.iter().any(|&b| b != 0) {
+                    return Err(TarError::new(
+                        next,
+                        TarErrorKind::Invalid(
+                            "a header after a single zero block (the end of an archive is two)"
+                                .into(),
+                        ),
+                    ));
+                }
                 self.done = true;
                 return Ok(None);
             }
@@ -564,17 +579,13 @@ impl<R: TarSource> TarReader<R> {
         let pax = pax.unwrap_or_default();
         let invalid = |r: String| TarError::new(first, TarErrorKind::Invalid(r));
         let format = h.format();
-
+        let typeflag = h.0[156];
         let mut path = match (&pax.path, &long_name) {
             (Some(p), _) => p.clone(),
             (None, Some(n)) => n.clone(),
             (None, None) => {
                 let name = cstr(h.field(0, 100)).to_vec();
-                let prefix = if format == Format::Ustar {
-                    cstr(h.field(345, 155))
-                } else {
-                    &[]
-                };
+                let prefix = h.prefix();
                 if prefix.is_empty() {
                     name
                 } else {
@@ -585,7 +596,33 @@ impl<R: TarSource> TarReader<R> {
                 }
             }
         };
-        if let Some(name) = &pax.sparse_name {
+        // Whether the pax records make this a GNU sparse file (0.0, 0.1 or
+        // 1.0), by Go's archive/tar rules; an old GNU sparse entry ('S')
+        // carries its map in its header and ignores them, as Go does.
+        let pax_sparse = if typeflag == b'S' {
+            false
+        } else {
+            match (pax.sparse_major, pax.sparse_minor) {
+                (None, None) => pax.sparse_map.is_some() || pax.sparse_excess.is_some(),
+                (Some(0), Some(0 | 1)) | (Some(1), Some(0)) => true,
+                (major, minor) => {
+                    return Err(invalid(format!(
+                        "unsupported GNU sparse format {}.{}",
+                        major.map_or("?".into(), |v| v.to_string()),
+                        minor.map_or("?".into(), |v| v.to_string())
+                    ))
+                    .with_entry(&path))
+                }
+            }
+        };
+
+        // The sparse file's real name, only on a sparse file and only if
+        // not empty (Go's rules: on a plain file the record is ignored).
+        if let Some(name) = pax
+            .sparse_name
+            .as_ref()
+            .filter(|n| pax_sparse && !n.is_empty())
+        {
             path = name.clone();
         }
         let link = match (&pax.linkpath, &long_link) {
@@ -638,8 +675,7 @@ impl<R: TarSource> TarReader<R> {
                 nsec: 0,
             },
         };
-        let stored = pax.size.unwrap_or(header_size);
-        let typeflag = h.0[156];
+        let declared = pax.size.unwrap_or(header_size);
         let mut kind = match typeflag {
             b'0' | 0 | b'7' | b'S' => EntryKind::Regular,
             b'1' => EntryKind::Hardlink,
@@ -660,6 +696,20 @@ impl<R: TarSource> TarReader<R> {
         // stays one, as Go's archive/tar (docker, containerd, umoci) reads it.
         if typeflag == 0 && path.ends_with(b"/") {
             kind = EntryKind::Directory;
+        }
+        // Links, devices, fifos and directories have no data, whatever
+        // size their header declares: Go's archive/tar (docker,
+        // containerd, umoci) reads the next header right after theirs. A
+        // reader that skipped the declared bytes would see other entries
+        // than those readers do (a layer that hides files from one of
+        // them). A GNU dumpdir ('D') keeps its data, as in Go.
+        let header_only =
+            matches!(typeflag, b'1'..=b'6') || (typeflag == 0 && kind == EntryKind::Directory);
+        let stored = if header_only { 0 } else { declared };
+        if header_only && pax_sparse {
+            return Err(with_path(invalid(
+                "sparse map on a non-regular entry".into(),
+            )));
         }
         let (devmajor, devminor) = if matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice)
         {
@@ -721,13 +771,7 @@ impl<R: TarSource> TarReader<R> {
             entry.data_offset = self.pos;
             entry.size = real;
             entry.sparse = Some(segments);
-        } else if pax.sparse_major == Some(1) {
-            if pax.sparse_minor != Some(0) {
-                return Err(with_path(invalid(format!(
-                    "unsupported GNU sparse format 1.{}",
-                    pax.sparse_minor.unwrap_or(0)
-                ))));
-            }
+        } else if pax_sparse && pax.sparse_major == Some(1) {
             let real = pax.sparse_size.ok_or_else(|| {
                 with_path(invalid("GNU sparse 1.0 entry without a real size".into()))
             })?;
@@ -742,7 +786,10 @@ impl<R: TarSource> TarReader<R> {
             entry.data_offset = self.pos;
             entry.size = real;
             entry.sparse = Some(segments);
-        } else if let Some(segments) = pax.sparse_map.clone() {
+        } else if pax_sparse {
+            let segments = pax.sparse_map.clone().ok_or_else(|| {
+                with_path(invalid("GNU sparse 0.x entry without a sparse map".into()))
+            })?;
             let real = pax
                 .sparse_size
                 .ok_or_else(|| with_path(invalid("GNU sparse entry without a real size".into())))?;
@@ -824,7 +871,7 @@ impl<R: TarSource> TarReader<R> {
                             sink.lent(piece)?;
                             continue;
                         }
-                        Ok(Lend::End) => return Err(self.cut_short(entry, left).into()),
+                        Ok(Lend::End) => return Err(self.cut_short(entry).into()),
                         Ok(Lend::Unsupported) => {}
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => {
@@ -838,7 +885,7 @@ impl<R: TarSource> TarReader<R> {
                 debug_assert!(!room.is_empty(), "DataSink::room gave no room");
                 let n = left.min(room.len() as u64) as usize;
                 let got = match self.r.read(&mut room[..n]) {
-                    Ok(0) => return Err(self.cut_short(entry, left).into()),
+                    Ok(0) => return Err(self.cut_short(entry).into()),
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
@@ -860,9 +907,11 @@ impl<R: TarSource> TarReader<R> {
         Ok(())
     }
 
-    /// The error of a stream that ends with `left` bytes of `entry`'s data
-    /// missing.
-    fn cut_short(&self, entry: &TarEntry, left: u64) -> TarError {
+    /// The error of a stream that ends before the end of `entry`'s data:
+    /// what is missing is what is still pending of its stored bytes (all
+    /// segments of a sparse file, not only the one being read).
+    fn cut_short(&self, entry: &TarEntry) -> TarError {
+        let left = self.pending.saturating_sub(padding(entry.stored));
         TarError::new(
             self.pos,
             TarErrorKind::Truncated(format!(
@@ -943,6 +992,9 @@ fn show_type(t: u8) -> String {
 pub(crate) fn id32(v: u64, what: &str) -> Result<u32, String> {
     u32::try_from(v).map_err(|_| format!("{what} {v} does not fit in 32 bits"))
 }
+
+#[cfg(test)]
+mod go_compat_tests;
 
 #[cfg(test)]
 mod lent_tests {
