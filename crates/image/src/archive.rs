@@ -555,7 +555,15 @@ impl Read for Seekable {
 }
 
 impl TarSource for Seekable {
+    /// Seeks past `n` bytes, and fails as a read would at an early end: a
+    /// seek beyond the end of a file succeeds, and the next header read
+    /// would then see a clean end of the archive, not a cut-off member.
     fn skip(&mut self, n: u64) -> io::Result<()> {
+        let at = self.0.stream_position()?;
+        let len = self.0.get_ref().metadata()?.len();
+        if at.checked_add(n).is_none_or(|end| end > len) {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
         let n = i64::try_from(n).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         self.0.seek_relative(n)
     }
@@ -775,6 +783,18 @@ pub fn import_docker_archive(
             Ok(d.to_owned())
         })
         .collect::<Result<_, LayerError>>()?;
+    // Before any layer is imported: the image's own check of the limit
+    // (assemble.rs) comes only once every layer is in the store.
+    if layer_names.len() > cairn_spec::limits::MAX_LAYERS {
+        return Err(archive_err(
+            &what,
+            format!(
+                "{} layers (at most {})",
+                layer_names.len(),
+                cairn_spec::limits::MAX_LAYERS
+            ),
+        ));
+    }
     if diff_ids.len() != layer_names.len() {
         return Err(archive_err(
             &what,

@@ -1112,3 +1112,67 @@ fn an_image_written_while_its_layers_are_published_is_the_one_their_records_make
         assembled_from_records(&s, &img.image_digest)
     );
 }
+
+#[test]
+fn docker_archive_with_too_many_layers_is_refused_before_any_import() {
+    let d = tempfile::tempdir().unwrap();
+    let n = cairn_spec::limits::MAX_LAYERS + 1;
+    let layers: Vec<(Vec<u8>, Vec<u8>, &str)> = (0..n)
+        .map(|i| {
+            let mut l = Layer::new();
+            l.file(&format!("f{i}"), b"", 0o644);
+            let t = l.finish();
+            (t.clone(), t, "application/vnd.oci.image.layer.v1.tar")
+        })
+        .collect();
+    let path = d.path().join("many.tar");
+    docker_save(&path, &layers, "many:layers");
+    let root = d.path().join("store");
+    let s = open_store(&root);
+    let err = cairn_image::import_docker_archive(&s, &path, &ImportOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&format!("{n} layers (at most")), "{err}");
+    drop(s);
+    assert!(layers_and_objects(&root).is_empty(), "layers were imported");
+}
+
+#[test]
+fn docker_archive_cut_off_inside_a_member_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let mut l = Layer::new();
+    l.file("f", b"x", 0o644);
+    let layer = l.finish();
+    let path = d.path().join("cut.tar");
+    docker_save(
+        &path,
+        &[(
+            layer.clone(),
+            layer,
+            "application/vnd.oci.image.layer.v1.tar",
+        )],
+        "cut:off",
+    );
+    // A member after the others, then the archive cut inside its data
+    // (the end-of-archive blocks go too): the first pass skips members by
+    // seeking, and a seek past the end of a file succeeds.
+    let mut bytes = fs::read(&path).unwrap();
+    bytes.truncate(bytes.len() - 1024);
+    let mut tail = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(1 << 20);
+    h.set_mode(0o644);
+    tail.append_data(&mut h, "junk", &vec![1u8; 1 << 20][..])
+        .unwrap();
+    let tail = tail.into_inner().unwrap();
+    bytes.extend_from_slice(&tail[..512 + (1 << 19)]);
+    fs::write(&path, &bytes).unwrap();
+    let s = open_store(&d.path().join("store"));
+    let err = cairn_image::import_docker_archive(&s, &path, &ImportOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cut.tar: byte 5120: the archive ends in the middle of an entry's data"),
+        "{err}"
+    );
+}
