@@ -639,6 +639,8 @@ struct LayerBuilder<'s> {
     /// Entries whose line waits for an object a worker is writing (the
     /// first one does), in stream order.
     waiting: VecDeque<Waiting>,
+    /// What the waiting lines hold, about ([`Waiting::weight`]).
+    waiting_bytes: usize,
     /// Where the lines go as they are written, besides the record.
     tap: Option<LineTap>,
 }
@@ -684,8 +686,27 @@ struct Waiting {
     object: Option<u64>,
 }
 
+impl Waiting {
+    /// The memory a waiting line holds, about: its names and xattrs, and
+    /// a fixed part for the rest.
+    fn weight(&self) -> usize {
+        let xattrs: usize = self
+            .inode
+            .xattrs
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
+        256 + self.path.len() + self.hardlink.as_ref().map_or(0, Vec::len) + xattrs
+    }
+}
+
 /// Lines that may wait for objects before the parser waits for them too.
 const MAX_WAITING: usize = 1 << 16;
+
+/// The memory they may hold: a line can carry a path and xattrs of tens
+/// of KiB, so the count alone would let 65,536 of them take gigabytes
+/// while one large object is written.
+const MAX_WAITING_BYTES: usize = 64 << 20;
 
 /// Flush the record's pending lines once they reach this size.
 const RECORD_BUFFER: usize = 1 << 20;
@@ -705,6 +726,7 @@ impl<'s> LayerBuilder<'s> {
             entries: 0,
             objects,
             waiting: VecDeque::new(),
+            waiting_bytes: 0,
             tap: None,
         })
     }
@@ -716,7 +738,7 @@ impl<'s> LayerBuilder<'s> {
         hardlink: Option<&[u8]>,
     ) -> Result<(), AddError> {
         if !self.waiting.is_empty() {
-            self.waiting.push_back(Waiting {
+            self.wait_line(Waiting {
                 path: path.to_vec(),
                 inode: inode.clone(),
                 hardlink: hardlink.map(<[u8]>::to_vec),
@@ -740,12 +762,27 @@ impl<'s> LayerBuilder<'s> {
         Ok(())
     }
 
+    fn wait_line(&mut self, w: Waiting) {
+        self.waiting_bytes += w.weight();
+        self.waiting.push_back(w);
+    }
+
+    fn unwait_line(&mut self) -> Waiting {
+        let w = self.waiting.pop_front().expect("the front");
+        self.waiting_bytes -= w.weight();
+        debug_assert!(!self.waiting.is_empty() || self.waiting_bytes == 0);
+        w
+    }
+
     /// Writes the waiting lines whose objects are done, from the first on;
-    /// with `wait` (or too many waiting), waits for the first one's.
+    /// with `wait` (or too many waiting, or too much), waits for the first
+    /// one's.
     fn settle(&mut self, wait: bool) -> Result<(), AddError> {
         while let Some(front) = self.waiting.front() {
             let mut w = if let Some(seq) = front.object {
-                let must = wait || self.waiting.len() > MAX_WAITING;
+                let must = wait
+                    || self.waiting.len() > MAX_WAITING
+                    || self.waiting_bytes > MAX_WAITING_BYTES;
                 let objects = self.objects.as_mut().expect("objects while lines wait");
                 let gone = |_| {
                     AddError::Reason(format!(
@@ -765,7 +802,7 @@ impl<'s> LayerBuilder<'s> {
                 let staged = done.map_err(|e| {
                     AddError::Reason(format!("storing {}: {e}", lossy(&front.path)))
                 })?;
-                let mut w = self.waiting.pop_front().expect("the front");
+                let mut w = self.unwait_line();
                 let id = staged.id();
                 w.inode.data = InodeData::Regular(RegularFile {
                     content: None,
@@ -775,7 +812,7 @@ impl<'s> LayerBuilder<'s> {
                 self.staged.entry(id).or_insert(staged);
                 w
             } else {
-                self.waiting.pop_front().expect("the front")
+                self.unwait_line()
             };
             let hardlink = w.hardlink.take();
             self.format_line(&w.path, &w.inode, hardlink.as_deref())?;
@@ -818,7 +855,7 @@ impl<'s> LayerBuilder<'s> {
         };
         if self.objects.is_some() && e.size > DEFAULT_INLINE_THRESHOLD {
             let seq = self.send_content(tar, &e)?;
-            self.waiting.push_back(Waiting {
+            self.wait_line(Waiting {
                 path,
                 inode,
                 hardlink: None,
