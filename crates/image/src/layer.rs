@@ -687,16 +687,21 @@ struct Waiting {
 }
 
 impl Waiting {
-    /// The memory a waiting line holds, about: its names and xattrs, and
-    /// a fixed part for the rest.
+    /// The memory a waiting line holds, about: its names, link target and
+    /// xattrs, a part for each xattr's allocations and tree node, and a
+    /// fixed part for the rest.
     fn weight(&self) -> usize {
         let xattrs: usize = self
             .inode
             .xattrs
             .iter()
-            .map(|(k, v)| k.len() + v.len())
+            .map(|(k, v)| 96 + k.len() + v.len())
             .sum();
-        256 + self.path.len() + self.hardlink.as_ref().map_or(0, Vec::len) + xattrs
+        let target = match &self.inode.data {
+            InodeData::Symlink(t) => t.len(),
+            _ => 0,
+        };
+        256 + self.path.len() + self.hardlink.as_ref().map_or(0, Vec::len) + target + xattrs
     }
 }
 

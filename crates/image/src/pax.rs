@@ -37,16 +37,25 @@ pub(crate) struct Pax {
     pub gid: Option<u32>,
     pub mtime: Option<Mtime>,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
-    pub sparse_major: Option<u64>,
-    pub sparse_minor: Option<u64>,
+    /// `GNU.sparse.major` and `.minor` as written (Go compares the
+    /// strings: `01` is no version it knows); an empty value is none.
+    pub sparse_major: Option<Vec<u8>>,
+    pub sparse_minor: Option<Vec<u8>>,
     pub sparse_name: Option<Vec<u8>>,
-    /// Real size of a sparse file (`GNU.sparse.size` / `GNU.sparse.realsize`).
+    /// Real size of a sparse file: `GNU.sparse.size`, or else
+    /// `GNU.sparse.realsize` (Go's order, whichever comes first).
     pub sparse_size: Option<u64>,
+    /// `GNU.sparse.numblocks`: formats 0.0 and 0.1 need it, and it must
+    /// count the map's segments.
+    pub sparse_numblocks: Option<u64>,
     /// Sparse map from formats 0.0 and 0.1.
     pub sparse_map: Option<Vec<(u64, u64)>>,
     /// The number of sparse segments the header lists when that is more
     /// than the caller allowed (the map is then not kept).
     pub sparse_excess: Option<u64>,
+    /// Whether `sparse_size` is `GNU.sparse.size`'s (which `realsize`
+    /// then does not replace).
+    sparse_size_is_gnu: bool,
 }
 
 impl Pax {
@@ -145,15 +154,26 @@ impl Pax {
                     Some(parse_pax_time(value)?)
                 }
             }
-            b"GNU.sparse.major" => self.sparse_major = Some(num(value)?),
-            b"GNU.sparse.minor" => self.sparse_minor = Some(num(value)?),
+            b"GNU.sparse.major" => self.sparse_major = (!empty).then(|| value.to_vec()),
+            b"GNU.sparse.minor" => self.sparse_minor = (!empty).then(|| value.to_vec()),
             b"GNU.sparse.name" => self.sparse_name = Some(value.to_vec()),
-            b"GNU.sparse.size" | b"GNU.sparse.realsize" => self.sparse_size = Some(num(value)?),
+            b"GNU.sparse.size" => {
+                if !empty {
+                    self.sparse_size = Some(num(value)?);
+                    self.sparse_size_is_gnu = true;
+                }
+            }
+            b"GNU.sparse.realsize" => {
+                if !empty && !self.sparse_size_is_gnu {
+                    self.sparse_size = Some(num(value)?);
+                }
+            }
             b"GNU.sparse.numblocks" => {
                 let n = num(value)?;
                 if n > max_segments {
                     self.exceed(n);
                 }
+                self.sparse_numblocks = Some(n);
             }
             b"GNU.sparse.offset" | b"GNU.sparse.numbytes" => {
                 let v = num(value)?;

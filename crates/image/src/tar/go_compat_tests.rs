@@ -296,3 +296,187 @@ fn a_cut_off_sparse_file_says_how_much_is_missing() {
         .reason();
     assert!(err.contains("1900 of 2000 bytes missing"), "{err}");
 }
+
+/// A GNU long name or long link header (`L` or `K`).
+fn gnu_long(typeflag: u8, name: &[u8]) -> Vec<u8> {
+    let mut data = name.to_vec();
+    data.push(0);
+    let mut out = header(b"././@LongLink", typeflag, data.len() as u64, |_| {});
+    out.extend(padded(&data));
+    out
+}
+
+/// The entries of `tar` with their link targets and sizes.
+fn entries(tar: &[u8]) -> Vec<(String, String, u64)> {
+    let limits = TarLimits::from(&crate::Limits::default());
+    let mut r = TarReader::new(io::BufReader::new(tar), limits);
+    let mut out = Vec::new();
+    while let Some(e) = r.next_entry().unwrap() {
+        let lossy = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        out.push((lossy(&e.path), lossy(&e.link), e.size));
+    }
+    out
+}
+
+#[test]
+fn gnu_long_names_win_over_pax_paths() {
+    let t = [
+        pax(&[("path", b"from-pax")]),
+        gnu_long(b'L', b"from-gnu-L"),
+        header(b"short", b'0', 0, |_| {}),
+        end(),
+    ]
+    .concat();
+    assert_eq!(list(&t).unwrap(), ["from-gnu-L"]);
+
+    let t = [
+        pax(&[("linkpath", b"/etc/shadow")]),
+        gnu_long(b'K', b"harmless"),
+        header(b"link", b'2', 0, |_| {}),
+        end(),
+    ]
+    .concat();
+    assert_eq!(entries(&t)[0].1, "harmless");
+
+    // Which name decides an old directory: the long name. Here a file
+    // whose 512 bytes are a whiteout's header, not an entry.
+    let t = [
+        pax(&[("path", b"a/")]),
+        gnu_long(b'L', b"b"),
+        header(b"x", 0, 512, |_| {}),
+        header(b"etc/.wh.hidden", b'0', 0, |_| {}),
+        end(),
+    ]
+    .concat();
+    assert_eq!(list(&t).unwrap(), ["b"]);
+}
+
+#[test]
+fn a_global_header_ends_the_extension_headers_before_it() {
+    for pending in [
+        pax(&[("path", b"etc/.wh.passwd")]),
+        gnu_long(b'L', b"etc/.wh.passwd"),
+    ] {
+        let t = [
+            pending,
+            {
+                let body = b"13 comment=x\n";
+                let mut g = header(b"GlobalHead", b'g', body.len() as u64, |_| {});
+                g.extend(padded(body));
+                g
+            },
+            header(b"harmless", b'0', 0, |_| {}),
+            end(),
+        ]
+        .concat();
+        assert_eq!(list(&t).unwrap(), ["harmless"]);
+    }
+}
+
+#[test]
+fn sparse_versions_and_maps_are_read_as_go_reads_them() {
+    // "01" is no version Go knows: refused, not read as 1.0.
+    let t = [
+        pax(&[
+            ("GNU.sparse.major", b"01"),
+            ("GNU.sparse.minor", b"0"),
+            ("GNU.sparse.name", b"etc/ld.so.preload"),
+            ("GNU.sparse.realsize", b"4"),
+        ]),
+        header(b"usr/doc", b'0', 516, |_| {}),
+        padded(&[b'1'; 516]),
+        end(),
+    ]
+    .concat();
+    let (_, e) = list(&t).unwrap_err();
+    assert!(e.contains("unsupported GNU sparse format 01.0"), "{e}");
+
+    // An empty map and no version: a plain file, its sparse name ignored.
+    let t = [
+        pax(&[
+            ("GNU.sparse.map", b""),
+            ("GNU.sparse.name", b"etc/ld.so.preload"),
+            ("GNU.sparse.realsize", b"4"),
+        ]),
+        header(b"usr/doc", b'0', 0, |_| {}),
+        end(),
+    ]
+    .concat();
+    assert_eq!(entries(&t), [("usr/doc".into(), "".into(), 0)]);
+
+    // GNU.sparse.size wins over GNU.sparse.realsize, in either order.
+    for records in [
+        [
+            ("GNU.sparse.size", &b"8"[..]),
+            ("GNU.sparse.realsize", b"4"),
+        ],
+        [("GNU.sparse.realsize", b"4"), ("GNU.sparse.size", b"8")],
+    ] {
+        let mut r = records.to_vec();
+        r.extend([
+            ("GNU.sparse.numblocks", &b"1"[..]),
+            ("GNU.sparse.map", b"0,4"),
+        ]);
+        let t = [
+            pax(&r),
+            header(b"f", b'0', 4, |_| {}),
+            padded(b"data"),
+            end(),
+        ]
+        .concat();
+        assert_eq!(entries(&t), [("f".into(), "".into(), 8)]);
+    }
+
+    // Formats 0.x need numblocks, and it must count the map.
+    for numblocks in [None, Some(&b"2"[..])] {
+        let mut r = vec![
+            ("GNU.sparse.realsize", &b"8"[..]),
+            ("GNU.sparse.map", b"0,4"),
+        ];
+        if let Some(n) = numblocks {
+            r.push(("GNU.sparse.numblocks", n));
+        }
+        let t = [
+            pax(&r),
+            header(b"f", b'0', 4, |_| {}),
+            padded(b"data"),
+            end(),
+        ]
+        .concat();
+        let (_, e) = list(&t).unwrap_err();
+        assert!(e.contains("GNU sparse 0.x entry of 1 segments with"), "{e}");
+    }
+
+    // An old directory is one by its name before a sparse name renames
+    // it; with a sparse map it is refused, as Go refuses it.
+    let t = [
+        pax(&[
+            ("path", b"dir/"),
+            ("GNU.sparse.name", b"file"),
+            ("GNU.sparse.realsize", b"8"),
+            ("GNU.sparse.numblocks", b"1"),
+            ("GNU.sparse.map", b"0,4"),
+        ]),
+        header(b"dir/", 0, 4, |_| {}),
+        padded(b"data"),
+        end(),
+    ]
+    .concat();
+    let (_, e) = list(&t).unwrap_err();
+    assert!(e.contains("sparse map on a non-regular entry"), "{e}");
+}
+
+#[test]
+fn a_star_header_with_times_that_are_not_numbers_is_refused() {
+    let t = [
+        header(b"name", b'0', 0, |b| {
+            b[345..349].copy_from_slice(b"pre/");
+            b[476..480].copy_from_slice(b"junk");
+            b[508..512].copy_from_slice(b"tar\0");
+        }),
+        end(),
+    ]
+    .concat();
+    let (_, e) = list(&t).unwrap_err();
+    assert!(e.contains("star header whose atime or ctime"), "{e}");
+}

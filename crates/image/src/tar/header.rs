@@ -32,6 +32,14 @@ impl Header<'_> {
         }
     }
 
+    /// Whether this is a star header whose atime or ctime Go's
+    /// archive/tar cannot read as a number: Go refuses the archive there.
+    pub(super) fn bad_star_times(&self) -> bool {
+        self.format() == Format::Ustar
+            && &self.0[508..512] == b"tar\0"
+            && !(go_reads_number(self.field(476, 12)) && go_reads_number(self.field(488, 12)))
+    }
+
     /// The path prefix that goes before the name field, as Go's
     /// archive/tar (docker, containerd, umoci) reads it:
     /// - ustar and pax: the 155-byte prefix field;

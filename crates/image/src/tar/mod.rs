@@ -556,6 +556,13 @@ impl<R: TarSource> TarReader<R> {
                                     )),
                                 )
                             })?;
+                            // Go returns a global header as an entry of its
+                            // own (docker and containerd then skip it): the
+                            // extension headers before it apply to nothing.
+                            long_name = None;
+                            long_link = None;
+                            pax = None;
+                            first_offset = None;
                         }
                     }
                     continue;
@@ -580,10 +587,12 @@ impl<R: TarSource> TarReader<R> {
         let invalid = |r: String| TarError::new(first, TarErrorKind::Invalid(r));
         let format = h.format();
         let typeflag = h.0[156];
-        let mut path = match (&pax.path, &long_name) {
-            (Some(p), _) => p.clone(),
-            (None, Some(n)) => n.clone(),
-            (None, None) => {
+        // A GNU long name wins over a pax path, a long link name over a
+        // pax linkpath, as in Go (which merges the pax records first).
+        let mut path = match (&long_name, &pax.path) {
+            (Some(n), _) if !n.is_empty() => n.clone(),
+            (_, Some(p)) => p.clone(),
+            _ => {
                 let name = cstr(h.field(0, 100)).to_vec();
                 let prefix = h.prefix();
                 if prefix.is_empty() {
@@ -599,22 +608,42 @@ impl<R: TarSource> TarReader<R> {
         // Whether the pax records make this a GNU sparse file (0.0, 0.1 or
         // 1.0), by Go's archive/tar rules; an old GNU sparse entry ('S')
         // carries its map in its header and ignores them, as Go does.
+        if h.bad_star_times() {
+            return Err(
+                invalid("star header whose atime or ctime is not a number".into())
+                    .with_entry(&path),
+            );
+        }
+        let version = (pax.sparse_major.as_deref(), pax.sparse_minor.as_deref());
         let pax_sparse = if typeflag == b'S' {
             false
         } else {
-            match (pax.sparse_major, pax.sparse_minor) {
-                (None, None) => pax.sparse_map.is_some() || pax.sparse_excess.is_some(),
-                (Some(0), Some(0 | 1)) | (Some(1), Some(0)) => true,
+            match version {
+                (None, None) => {
+                    pax.sparse_map.as_ref().is_some_and(|m| !m.is_empty())
+                        || pax.sparse_excess.is_some()
+                }
+                (Some(b"0"), Some(b"0" | b"1")) | (Some(b"1"), Some(b"0")) => true,
                 (major, minor) => {
+                    let show = |v: Option<&[u8]>| {
+                        v.map_or_else(
+                            || "?".to_string(),
+                            |v| String::from_utf8_lossy(v).into_owned(),
+                        )
+                    };
                     return Err(invalid(format!(
                         "unsupported GNU sparse format {}.{}",
-                        major.map_or("?".into(), |v| v.to_string()),
-                        minor.map_or("?".into(), |v| v.to_string())
+                        show(major),
+                        show(minor)
                     ))
-                    .with_entry(&path))
+                    .with_entry(&path));
                 }
             }
         };
+        let sparse_1_0 = pax_sparse && version == (Some(b"1"), Some(b"0"));
+        // An old directory is a type NUL entry whose name ends in a slash,
+        // before a sparse name renames it (as in Go).
+        let nul_dir = typeflag == 0 && path.ends_with(b"/");
 
         // The sparse file's real name, only on a sparse file and only if
         // not empty (Go's rules: on a plain file the record is ignored).
@@ -625,10 +654,10 @@ impl<R: TarSource> TarReader<R> {
         {
             path = name.clone();
         }
-        let link = match (&pax.linkpath, &long_link) {
-            (Some(p), _) => p.clone(),
-            (None, Some(n)) => n.clone(),
-            (None, None) => cstr(h.field(157, 100)).to_vec(),
+        let link = match (&long_link, &pax.linkpath) {
+            (Some(n), _) if !n.is_empty() => n.clone(),
+            (_, Some(p)) => p.clone(),
+            _ => cstr(h.field(157, 100)).to_vec(),
         };
         let err_path = path.clone();
         let with_path = |e: TarError| e.with_entry(&err_path);
@@ -694,7 +723,7 @@ impl<R: TarSource> TarReader<R> {
         // Old (pre-POSIX) archives mark directories only by a trailing
         // slash on an entry of type NUL; an explicit regular file ('0')
         // stays one, as Go's archive/tar (docker, containerd, umoci) reads it.
-        if typeflag == 0 && path.ends_with(b"/") {
+        if nul_dir {
             kind = EntryKind::Directory;
         }
         // Links, devices, fifos and directories have no data, whatever
@@ -771,7 +800,7 @@ impl<R: TarSource> TarReader<R> {
             entry.data_offset = self.pos;
             entry.size = real;
             entry.sparse = Some(segments);
-        } else if pax_sparse && pax.sparse_major == Some(1) {
+        } else if sparse_1_0 {
             let real = pax.sparse_size.ok_or_else(|| {
                 with_path(invalid("GNU sparse 1.0 entry without a real size".into()))
             })?;
@@ -790,6 +819,14 @@ impl<R: TarSource> TarReader<R> {
             let segments = pax.sparse_map.clone().ok_or_else(|| {
                 with_path(invalid("GNU sparse 0.x entry without a sparse map".into()))
             })?;
+            if pax.sparse_numblocks != Some(segments.len() as u64) {
+                return Err(with_path(invalid(format!(
+                    "GNU sparse 0.x entry of {} segments with {}",
+                    segments.len(),
+                    pax.sparse_numblocks
+                        .map_or("no numblocks record".into(), |n| format!("numblocks {n}"))
+                ))));
+            }
             let real = pax
                 .sparse_size
                 .ok_or_else(|| with_path(invalid("GNU sparse entry without a real size".into())))?;
