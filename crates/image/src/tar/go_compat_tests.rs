@@ -68,6 +68,18 @@ fn pax(records: &[(&str, &[u8])]) -> Vec<u8> {
     out
 }
 
+/// One entry named `name` with `data`, after a pax header of `records`,
+/// and the end of the archive.
+fn with_pax(records: &[(&str, &[u8])], name: &[u8], typeflag: u8, data: &[u8]) -> Vec<u8> {
+    [
+        pax(records),
+        header(name, typeflag, data.len() as u64, |_| {}),
+        padded(data),
+        end(),
+    ]
+    .concat()
+}
+
 fn end() -> Vec<u8> {
     vec![0u8; 1024]
 }
@@ -152,29 +164,23 @@ fn a_sparse_name_renames_only_sparse_files() {
     t.extend(end());
     assert_eq!(list(&t).unwrap(), ["usr/share/doc/readme"]);
 
-    // On a sparse file (format 0.1) it is the file's name.
-    let mut t = pax(&[
-        ("GNU.sparse.name", b"real/name"),
-        ("GNU.sparse.realsize", b"8192"),
-        ("GNU.sparse.numblocks", b"1"),
-        ("GNU.sparse.map", b"4096,4"),
-    ]);
-    t.extend(header(b"GNUSparseFile.0/name", b'0', 4, |_| {}));
-    t.extend(padded(b"data"));
-    t.extend(end());
-    assert_eq!(list(&t).unwrap(), ["real/name"]);
-
-    // An empty one is ignored.
-    let mut t = pax(&[
-        ("GNU.sparse.name", b""),
-        ("GNU.sparse.realsize", b"8192"),
-        ("GNU.sparse.numblocks", b"1"),
-        ("GNU.sparse.map", b"4096,4"),
-    ]);
-    t.extend(header(b"GNUSparseFile.0/name", b'0', 4, |_| {}));
-    t.extend(padded(b"data"));
-    t.extend(end());
-    assert_eq!(list(&t).unwrap(), ["GNUSparseFile.0/name"]);
+    // On a sparse file (format 0.1) it is the file's name; an empty one
+    // is ignored.
+    let sparse = |name: &[u8]| {
+        with_pax(
+            &[
+                ("GNU.sparse.name", name),
+                ("GNU.sparse.realsize", b"8192"),
+                ("GNU.sparse.numblocks", b"1"),
+                ("GNU.sparse.map", b"4096,4"),
+            ],
+            b"GNUSparseFile.0/name",
+            b'0',
+            b"data",
+        )
+    };
+    assert_eq!(list(&sparse(b"real/name")).unwrap(), ["real/name"]);
+    assert_eq!(list(&sparse(b"")).unwrap(), ["GNUSparseFile.0/name"]);
 }
 
 /// Go reads such an entry as a plain file, its map's text and all.
@@ -376,32 +382,31 @@ fn a_global_header_ends_the_extension_headers_before_it() {
 #[test]
 fn sparse_versions_and_maps_are_read_as_go_reads_them() {
     // "01" is no version Go knows: refused, not read as 1.0.
-    let t = [
-        pax(&[
+    let t = with_pax(
+        &[
             ("GNU.sparse.major", b"01"),
             ("GNU.sparse.minor", b"0"),
             ("GNU.sparse.name", b"etc/ld.so.preload"),
             ("GNU.sparse.realsize", b"4"),
-        ]),
-        header(b"usr/doc", b'0', 516, |_| {}),
-        padded(&[b'1'; 516]),
-        end(),
-    ]
-    .concat();
+        ],
+        b"usr/doc",
+        b'0',
+        &[b'1'; 516],
+    );
     let (_, e) = list(&t).unwrap_err();
     assert!(e.contains("unsupported GNU sparse format 01.0"), "{e}");
 
     // An empty map and no version: a plain file, its sparse name ignored.
-    let t = [
-        pax(&[
+    let t = with_pax(
+        &[
             ("GNU.sparse.map", b""),
             ("GNU.sparse.name", b"etc/ld.so.preload"),
             ("GNU.sparse.realsize", b"4"),
-        ]),
-        header(b"usr/doc", b'0', 0, |_| {}),
-        end(),
-    ]
-    .concat();
+        ],
+        b"usr/doc",
+        b'0',
+        b"",
+    );
     assert_eq!(entries(&t), [("usr/doc".into(), "".into(), 0)]);
 
     // GNU.sparse.size wins over GNU.sparse.realsize, in either order.
@@ -417,13 +422,7 @@ fn sparse_versions_and_maps_are_read_as_go_reads_them() {
             ("GNU.sparse.numblocks", &b"1"[..]),
             ("GNU.sparse.map", b"0,4"),
         ]);
-        let t = [
-            pax(&r),
-            header(b"f", b'0', 4, |_| {}),
-            padded(b"data"),
-            end(),
-        ]
-        .concat();
+        let t = with_pax(&r, b"f", b'0', b"data");
         assert_eq!(entries(&t), [("f".into(), "".into(), 8)]);
     }
 
@@ -436,32 +435,25 @@ fn sparse_versions_and_maps_are_read_as_go_reads_them() {
         if let Some(n) = numblocks {
             r.push(("GNU.sparse.numblocks", n));
         }
-        let t = [
-            pax(&r),
-            header(b"f", b'0', 4, |_| {}),
-            padded(b"data"),
-            end(),
-        ]
-        .concat();
+        let t = with_pax(&r, b"f", b'0', b"data");
         let (_, e) = list(&t).unwrap_err();
         assert!(e.contains("GNU sparse 0.x entry of 1 segments with"), "{e}");
     }
 
     // An old directory is one by its name before a sparse name renames
     // it; with a sparse map it is refused, as Go refuses it.
-    let t = [
-        pax(&[
+    let t = with_pax(
+        &[
             ("path", b"dir/"),
             ("GNU.sparse.name", b"file"),
             ("GNU.sparse.realsize", b"8"),
             ("GNU.sparse.numblocks", b"1"),
             ("GNU.sparse.map", b"0,4"),
-        ]),
-        header(b"dir/", 0, 4, |_| {}),
-        padded(b"data"),
-        end(),
-    ]
-    .concat();
+        ],
+        b"dir/",
+        0,
+        b"data",
+    );
     let (_, e) = list(&t).unwrap_err();
     assert!(e.contains("sparse map on a non-regular entry"), "{e}");
 }
