@@ -605,15 +605,15 @@ impl<R: TarSource> TarReader<R> {
                 }
             }
         };
-        // Whether the pax records make this a GNU sparse file (0.0, 0.1 or
-        // 1.0), by Go's archive/tar rules; an old GNU sparse entry ('S')
-        // carries its map in its header and ignores them, as Go does.
         if h.bad_star_times() {
             return Err(
                 invalid("star header whose atime or ctime is not a number".into())
                     .with_entry(&path),
             );
         }
+        // Whether the pax records make this a GNU sparse file (0.0, 0.1 or
+        // 1.0), by Go's archive/tar rules; an old GNU sparse entry ('S')
+        // carries its map in its header and ignores them, as Go does.
         let version = (pax.sparse_major.as_deref(), pax.sparse_minor.as_deref());
         let pax_sparse = if typeflag == b'S' {
             false
