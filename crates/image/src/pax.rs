@@ -43,7 +43,7 @@ pub(crate) struct Pax {
     pub sparse_minor: Option<Vec<u8>>,
     pub sparse_name: Option<Vec<u8>>,
     /// Real size of a sparse file: `GNU.sparse.size`, or else
-    /// `GNU.sparse.realsize` (Go's order, whichever comes first).
+    /// `GNU.sparse.realsize`, whichever comes first (as in Go).
     pub sparse_size: Option<u64>,
     /// `GNU.sparse.numblocks`: formats 0.0 and 0.1 need it, and it must
     /// count the map's segments.
