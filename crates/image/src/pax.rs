@@ -176,6 +176,11 @@ impl Pax {
                 self.sparse_numblocks = Some(n);
             }
             b"GNU.sparse.offset" | b"GNU.sparse.numbytes" => {
+                // Alternating, an offset first, as Go requires them.
+                let is_offset = key == b"GNU.sparse.offset";
+                if self.sparse_excess.is_none() && is_offset != (offsets.len() == lengths.len()) {
+                    return Err("GNU sparse 0.0 offsets and lengths out of order".into());
+                }
                 let v = num(value)?;
                 let list = if key == b"GNU.sparse.offset" {
                     offsets

@@ -472,3 +472,35 @@ fn a_star_header_with_times_that_are_not_numbers_is_refused() {
     let (_, e) = list(&t).unwrap_err();
     assert!(e.contains("star header whose atime or ctime"), "{e}");
 }
+
+#[test]
+fn what_go_refuses_is_refused() {
+    // Device numbers that are not numbers, on any header but v7's.
+    let t = [
+        header(b"file", b'0', 0, |b| b[329..333].copy_from_slice(b"junk")),
+        end(),
+    ]
+    .concat();
+    let (_, e) = list(&t).unwrap_err();
+    assert!(
+        e.contains("devmajor or devminor field is not a number"),
+        "{e}"
+    );
+
+    // GNU sparse 0.0 records out of order.
+    let t = with_pax(
+        &[
+            ("GNU.sparse.numblocks", b"2"),
+            ("GNU.sparse.offset", b"0"),
+            ("GNU.sparse.offset", b"4"),
+            ("GNU.sparse.numbytes", b"2"),
+            ("GNU.sparse.numbytes", b"2"),
+            ("GNU.sparse.realsize", b"8"),
+        ],
+        b"f",
+        b'0',
+        b"data",
+    );
+    let (_, e) = list(&t).unwrap_err();
+    assert!(e.contains("offsets and lengths out of order"), "{e}");
+}

@@ -32,6 +32,12 @@ impl Header<'_> {
         }
     }
 
+    /// Whether Go's archive/tar reads the devmajor and devminor fields as
+    /// numbers (it reads them in every ustar, pax, GNU and star header).
+    pub(super) fn go_reads_devices(&self) -> bool {
+        go_reads_number(self.field(329, 8)) && go_reads_number(self.field(337, 8))
+    }
+
     /// Whether this is a star header whose atime or ctime Go's
     /// archive/tar cannot read as a number: Go refuses the archive there.
     pub(super) fn bad_star_times(&self) -> bool {

@@ -605,6 +605,13 @@ impl<R: TarSource> TarReader<R> {
                 }
             }
         };
+        // Go reads the device numbers of every header but v7's, and
+        // refuses the archive where they are not numbers.
+        if format != Format::V7 && !h.go_reads_devices() {
+            return Err(
+                invalid("devmajor or devminor field is not a number".into()).with_entry(&path)
+            );
+        }
         if h.bad_star_times() {
             return Err(
                 invalid("star header whose atime or ctime is not a number".into())
