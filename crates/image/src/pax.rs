@@ -182,11 +182,7 @@ impl Pax {
                     return Err("GNU sparse 0.0 offsets and lengths out of order".into());
                 }
                 let v = num(value)?;
-                let list = if key == b"GNU.sparse.offset" {
-                    offsets
-                } else {
-                    lengths
-                };
+                let list = if is_offset { offsets } else { lengths };
                 if list.len() as u64 >= max_segments {
                     self.exceed(list.len() as u64 + 1);
                 } else {

@@ -319,6 +319,18 @@ fn cases() -> Vec<Case> {
         e.finish().unwrap()
     };
     v.push(case("bomb-ratio", bomb, &["decompression bomb", "200:1"]));
+    // A header after a single zero block: Go's archive/tar refuses it,
+    // and cairn must not end the archive there (what follows would be
+    // hidden from cairn and not from docker).
+    v.push(case(
+        "header-after-one-zero-block",
+        tar_with(|l| {
+            l.file("a", b"x", 0o644)
+                .bytes(&[0u8; 512])
+                .file("etc/.wh.passwd", b"", 0o644);
+        }),
+        &["a header after a single zero block"],
+    ));
     let mut c = case(
         "bomb-size",
         gzip(&big_tar(2 << 20)),

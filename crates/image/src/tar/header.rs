@@ -38,11 +38,15 @@ impl Header<'_> {
         go_reads_number(self.field(329, 8)) && go_reads_number(self.field(337, 8))
     }
 
+    /// A star header: ustar magic and `tar\0` in its last four bytes.
+    fn is_star(&self) -> bool {
+        self.format() == Format::Ustar && &self.0[508..512] == b"tar\0"
+    }
+
     /// Whether this is a star header whose atime or ctime Go's
     /// archive/tar cannot read as a number: Go refuses the archive there.
     pub(super) fn bad_star_times(&self) -> bool {
-        self.format() == Format::Ustar
-            && &self.0[508..512] == b"tar\0"
+        self.is_star()
             && !(go_reads_number(self.field(476, 12)) && go_reads_number(self.field(488, 12)))
     }
 
@@ -57,7 +61,7 @@ impl Header<'_> {
     /// - v7: none.
     pub(super) fn prefix(&self) -> &[u8] {
         match self.format() {
-            Format::Ustar if &self.0[508..512] == b"tar\0" => cstr(self.field(345, 131)),
+            Format::Ustar if self.is_star() => cstr(self.field(345, 131)),
             Format::Ustar => cstr(self.field(345, 155)),
             Format::Gnu => {
                 let time_ok = |f: &[u8]| f[0] == 0 || go_reads_number(f);
@@ -136,9 +140,10 @@ pub(super) fn parse_octal_or_256(f: &[u8], what: &str) -> Result<u64, String> {
 
 /// Whether Go's archive/tar reads the numeric field `f` without an error
 /// (`parseNumeric`): base-256 that fits in 63 bits, or octal digits with
-/// spaces and NULs around them, cut at the first NUL inside. Only what
-/// decides how a GNU header's prefix is read ([`Header::prefix`]); cairn's
-/// own numbers are read by [`parse_octal_or_256`], which is stricter.
+/// spaces and NULs around them, cut at the first NUL inside. It decides
+/// what Go would refuse or read another way (a GNU header's prefix, star
+/// times, device numbers); the numbers cairn uses are read by
+/// [`parse_octal_or_256`], which is stricter.
 fn go_reads_number(f: &[u8]) -> bool {
     if f[0] & 0x80 != 0 {
         let inv = if f[0] & 0x40 != 0 { 0xff } else { 0 };
@@ -159,21 +164,23 @@ fn go_reads_number(f: &[u8]) -> bool {
         return true;
     }
     let digits = cstr(&f[start..end]);
+    if digits.is_empty() {
+        return false;
+    }
     let mut v: u64 = 0;
-    !digits.is_empty()
-        && digits.iter().all(|&d| {
-            (b'0'..=b'7').contains(&d)
-                && match v
-                    .checked_mul(8)
-                    .and_then(|v| v.checked_add(u64::from(d - b'0')))
-                {
-                    Some(n) => {
-                        v = n;
-                        true
-                    }
-                    None => false,
-                }
-        })
+    for &d in digits {
+        if !(b'0'..=b'7').contains(&d) {
+            return false;
+        }
+        match v
+            .checked_mul(8)
+            .and_then(|v| v.checked_add(u64::from(d - b'0')))
+        {
+            Some(n) => v = n,
+            None => return false,
+        }
+    }
+    true
 }
 
 /// Octal digits, with leading spaces and trailing NULs or spaces allowed.

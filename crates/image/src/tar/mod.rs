@@ -739,8 +739,7 @@ impl<R: TarSource> TarReader<R> {
         // reader that skipped the declared bytes would see other entries
         // than those readers do (a layer that hides files from one of
         // them). A GNU dumpdir ('D') keeps its data, as in Go.
-        let header_only =
-            matches!(typeflag, b'1'..=b'6') || (typeflag == 0 && kind == EntryKind::Directory);
+        let header_only = matches!(typeflag, b'1'..=b'6') || nul_dir;
         let stored = if header_only { 0 } else { declared };
         if header_only && pax_sparse {
             return Err(with_path(invalid(
