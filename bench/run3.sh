@@ -13,6 +13,9 @@
 #   --out FILE      also write the report to FILE; the chart goes next to it
 #                   (FILE with .png), default bench/results/run3-DATE.png
 #   --cairn PATH    cairn binary (default target/x86_64-unknown-linux-musl/release/cairn, env CAIRN_BIN)
+#   --cairn-b PATH  a second cairn binary (e.g. another build of the same
+#                   commit), started in the same rounds of the start phase,
+#                   right after the first: a row "cairn run (warm), B"
 #   --tree DIR      the Debian tree (default /var/tmp/cairn-trees/debian-bookworm)
 #   --images LIST   busybox,debian (default both)
 #   --only LIST     start,parallel,userns,pull,fsstress (default all)
@@ -38,6 +41,7 @@ all_args=("$@")
 runs=5
 out=
 cairn=${CAIRN_BIN:-$repo/target/x86_64-unknown-linux-musl/release/cairn}
+cairn_b=${CAIRN_B_BIN:-}
 tree=/var/tmp/cairn-trees/debian-bookworm
 images=busybox,debian
 only=start,parallel,userns,pull,fsstress
@@ -49,6 +53,7 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --cairn) cairn=$2; shift 2 ;;
+    --cairn-b) cairn_b=$2; shift 2 ;;
     --tree) tree=$2; shift 2 ;;
     --images) images=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
@@ -74,9 +79,13 @@ want_image() { [[ ",$images," == *",$1,"* ]]; }
 # namespace).
 if [ "$inner" -eq 0 ]; then
   [ -x "$cairn" ] && cairn=$(readlink -f "$cairn")
+  if [ -n "$cairn_b" ]; then
+    [ -x "$cairn_b" ] || die "--cairn-b: no executable at $cairn_b"
+    cairn_b=$(readlink -f "$cairn_b")
+  fi
   if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
     layout=cgroup2
-    exec unshare -m --propagation private env BENCH3_CGROUPS="pure cgroup2" CAIRN_BIN="$cairn" "$0" --inner "${all_args[@]}"
+    exec unshare -m --propagation private env BENCH3_CGROUPS="pure cgroup2" CAIRN_BIN="$cairn" CAIRN_B_BIN="$cairn_b" "$0" --inner "${all_args[@]}"
   fi
   [ -d /sys/fs/cgroup/unified ] || die "neither a cgroup2 nor a hybrid layout with /sys/fs/cgroup/unified"
   layout=hybrid
@@ -85,7 +94,7 @@ if [ "$inner" -eq 0 ]; then
   rc=0
   bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" \
     unshare -C -m --propagation private env BENCH3_CGROUPS="hybrid host: crun baselines in an own cgroup2 group + cgroup namespace (docs/machines.md workaround); cairn and nspawn in the host's hybrid view" \
-    BENCH3_OUTER=$$ CAIRN_BIN="$cairn" "$0" --inner "${all_args[@]}" || rc=$?
+    BENCH3_OUTER=$$ CAIRN_BIN="$cairn" CAIRN_B_BIN="$cairn_b" "$0" --inner "${all_args[@]}" || rc=$?
   # Children crun or cairn may have left (they should not), deepest first.
   find "$cg" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null || true
   rmdir "$cg" || say "WARNING: could not remove $cg"
@@ -234,6 +243,14 @@ meta host "$(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }
 meta cairn "$([ -x "$cairn" ] && "$cairn" --version 2>/dev/null | head -1) (git $(git -C "$repo" describe --always --dirty 2>/dev/null || echo ?))$([ "$have_cairn_run" -eq 1 ] || echo "; $cairn_na")"
 meta runtime "crun's --root and cairn's --runroot on a tmpfs, as /run is on a systemd host (here /run is $runtime_fs); the \"runtime state on the scratch disk\" rows put both there"
 meta runs "$runs"
+cairn_b_desc=
+if [ -n "$cairn_b" ]; then
+  [ "$have_cairn_run" -eq 1 ] || die "--cairn-b needs a first binary with 'cairn run' to compare with"
+  # readelf (binutils, with build-essential) says whether a build is PIE.
+  elf_type() { readelf -h "$1" 2>/dev/null | sed -n 's/^ *Type: *//p'; }
+  cairn_b_desc="$("$cairn_b" --version 2>/dev/null | head -1), ELF $(elf_type "$cairn_b")"
+  meta cairn-b "$cairn_b ($cairn_b_desc); the first binary: ELF $(elf_type "$cairn")"
+fi
 BENCH3_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 meta cgroups "$BENCH3_CGROUPS"
 
@@ -304,6 +321,7 @@ meta images "${descr[*]}"
 # Each method runs /bin/true (or ARGS) in IMAGE once; setup that a warm
 # start does not repeat (bundle, unpacked layers) is done above.
 cairn_true() { "$cairn" run "bench3-$1" /bin/true; }
+cairn_b_true() { "$cairn_b" run "bench3-$1" /bin/true; }
 crun_true() { crun run --bundle "$run/bundle-$1" "b3-$BASHPID-$RANDOM" </dev/null || { echo "crun failed: rc $?" >&2; return 1; }; }
 # The same with the runtime state on the scratch disk (see CAIRN_RUNROOT above).
 cairn_true_disk() { CAIRN_RUNROOT=$CAIRN_ROOT/run "$cairn" run "bench3-$1" /bin/true; }
@@ -353,8 +371,8 @@ setup_btrfs() {
 }
 
 # The host-view helpers run these in a child bash.
-export cairn run
-export -f cairn_true cairn_true_disk nspawn_true
+export cairn cairn_b run
+export -f cairn_true cairn_b_true cairn_true_disk nspawn_true
 
 # ---------------------------------------------------------------- start
 if phase start; then
@@ -375,6 +393,7 @@ if phase start; then
     m="start $img"
     row "$m" crun "bare crun, plain directory"
     row "$m" cairn "cairn run (warm)" crun le:1.25
+    [ -z "$cairn_b" ] || row "$m" cairn-b "cairn run (warm), B: $cairn_b_desc" crun
     [ -z "${BENCH3_OUTER:-}" ] || row "$m" cairn-cg2 "cairn run (warm), in bare crun's cgroup2 view" crun
     row "$m" crun-disk "bare crun, runtime state on the scratch disk ($(findmnt -no FSTYPE -T "$run"))"
     row "$m" cairn-disk "cairn run (warm), runtime state on the scratch disk" crun-disk
@@ -399,6 +418,7 @@ if phase start; then
     classic_true "$img" >/dev/null
     if [ "$have_cairn_run" -eq 1 ]; then
       hostview cairn_true "$img" >/dev/null
+      [ -z "$cairn_b" ] || hostview cairn_b_true "$img" >/dev/null
       hostview cairn_true_disk "$img" >/dev/null
       [ -z "${BENCH3_OUTER:-}" ] || cairn_true "$img" >/dev/null
     fi
@@ -406,6 +426,7 @@ if phase start; then
       timeit "$m" crun crun_true "$img"
       if [ "$have_cairn_run" -eq 1 ]; then
         hv_timeit "$m" cairn cairn_true "$img"
+        [ -z "$cairn_b" ] || hv_timeit "$m" cairn-b cairn_b_true "$img"
         [ -z "${BENCH3_OUTER:-}" ] || timeit "$m" cairn-cg2 cairn_true "$img"
       fi
       timeit "$m" crun-disk crun_true_disk "$img"
