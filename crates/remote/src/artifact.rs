@@ -13,6 +13,8 @@ use cairn_spec::media_type::{
     CAIRN_LAZY_ARTIFACT, CAIRN_LAZY_EROFS, CAIRN_LAZY_INDEX, CAIRN_LAZY_PACK, CAIRN_LAZY_PREFETCH,
     CAIRN_LAZY_PREFETCH_V2, OCI_INDEX, OCI_MANIFEST,
 };
+use cairn_spec::Descriptor;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::RemoteError;
@@ -23,12 +25,14 @@ pub const ANNOTATION_EROFS_SHA256: &str = "org.cairn.lazy.erofs.sha256";
 pub const ANNOTATION_OBJECTS: &str = "org.cairn.lazy.objects";
 /// Annotation on the EROFS layer: its decompressed size.
 pub const ANNOTATION_UNCOMPRESSED: &str = "org.cairn.lazy.uncompressed-size";
-/// The largest artifact manifest read.
-pub const MAX_ARTIFACT_MANIFEST: u64 = 4 << 20;
+/// The largest artifact manifest read: an artifact is an image manifest,
+/// and has the spec's limit for one.
+pub const MAX_ARTIFACT_MANIFEST: u64 = cairn_spec::limits::MAX_MANIFEST_SIZE;
 /// The largest EROFS image accepted (the EROFS reader's own limit).
 pub const MAX_EROFS: u64 = 4 << 30;
 
-/// A blob as a descriptor names it.
+/// A blob as a descriptor names it: a [`cairn_spec::Descriptor`] whose
+/// digest is checked, and that is also written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blob {
     pub media_type: String,
@@ -109,22 +113,19 @@ pub fn manifest_bytes(p: &Parts<'_>) -> Vec<u8> {
     serde_json::to_vec(&m).expect("a manifest serialises")
 }
 
+/// A descriptor read as the spec crate reads every other one
+/// ([`cairn_spec::Descriptor`]: `mediaType`, `digest` and `size` required),
+/// its digest checked.
 fn blob_of(v: &Value, what: &str) -> Result<Blob, RemoteError> {
-    let media_type = v["mediaType"]
-        .as_str()
-        .ok_or_else(|| RemoteError::invalid(what, "descriptor without a mediaType"))?;
-    let digest = v["digest"]
-        .as_str()
-        .ok_or_else(|| RemoteError::invalid(what, "descriptor without a digest"))?;
-    let digest = Digest::parse(digest)
+    let d = Descriptor::deserialize(v)
+        .map_err(|e| RemoteError::invalid(what, format!("descriptor: {e}")))?;
+    let digest = d
+        .digest()
         .map_err(|e| RemoteError::invalid(what, format!("descriptor digest: {e}")))?;
-    let size = v["size"]
-        .as_u64()
-        .ok_or_else(|| RemoteError::invalid(what, "descriptor without a size"))?;
     Ok(Blob {
-        media_type: media_type.to_string(),
+        media_type: d.media_type,
         digest,
-        size,
+        size: d.size,
     })
 }
 
@@ -388,6 +389,15 @@ mod tests {
                 "no EROFS",
             ),
             ("not json", "expected"),
+            // Descriptors are read as the spec crate reads them.
+            (
+                r#"{"artifactType":"application/vnd.cairn.lazy.v1","schemaVersion":2,"config":{"mediaType":"a","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000000"},"layers":[]}"#,
+                "m: config: descriptor: missing field `size`",
+            ),
+            (
+                r#"{"artifactType":"application/vnd.cairn.lazy.v1","schemaVersion":2,"config":{"mediaType":"a","digest":"sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA","size":1},"layers":[]}"#,
+                "64 lower-case hex digits",
+            ),
         ] {
             let e = parse(doc.as_bytes(), "m").unwrap_err().to_string();
             assert!(e.contains(needle), "{doc}: {e}");

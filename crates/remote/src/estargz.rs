@@ -190,14 +190,12 @@ struct RawEntry {
     chunk_digest: String,
 }
 
+/// A TOC digest, checked as every other digest cairn reads is
+/// ([`cairn_spec::parse_digest`]: sha256, lower-case hex), as raw bytes.
 fn sha256_of(s: &str, what: &str) -> Result<[u8; 32], EstargzError> {
-    let hex = s
-        .strip_prefix("sha256:")
-        .ok_or_else(|| EstargzError(format!("{what}: {s:?} is not a sha256 digest")))?;
+    let hex = cairn_spec::parse_digest(s).map_err(|e| EstargzError(format!("{what}: {e}")))?;
     let mut out = [0u8; 32];
-    if hex.len() != 64 || hex::decode_to_slice(hex, &mut out).is_err() {
-        return bad(format!("{what}: {s:?} is not a sha256 digest"));
-    }
+    hex::decode_to_slice(hex, &mut out).map_err(|e| EstargzError(format!("{what}: {s:?}: {e}")))?;
     Ok(out)
 }
 
@@ -843,6 +841,13 @@ mod tests {
             (
                 serde_json::json!({"version": 1, "entries": [{"name": "x".repeat(5000), "type": "dir"}]}),
                 "at most",
+            ),
+            // Upper-case hex is refused here as in every other digest cairn
+            // reads (cairn_spec::parse_digest).
+            (
+                serde_json::json!({"version": 1, "entries": [
+                    {"name": "x", "type": "reg", "size": 10, "digest": format!("sha256:{}", "A".repeat(64)), "chunkDigest": d}]}),
+                "64 lower-case hex digits",
             ),
         ];
         for (json, want) in cases {
