@@ -1625,3 +1625,135 @@ fn privileged_lazy_mount_fetches_the_prefetch_list_in_the_background_after_the_p
     support::assert_fsck_clean(&b, "after the list fetched by a lazy mount");
     support::assert_fsck_clean(&c, "after the list fetched on a slow link");
 }
+
+/// Issue 13, point 3: gc never removes an object a lazy mount has
+/// published, and keeps the partially fetched image while it is mounted,
+/// on the strength of the mount alone. An image pulled `--lazy
+/// --no-prefetch` and mounted on demand has one file read (its object
+/// published by the lazy server); then its only name is removed and gc
+/// runs: it reports the mount as what kept the image, and the published
+/// object, the EROFS image, its record and its lazy index all stay; the
+/// file read reads right again, and so does a file never read before
+/// (fetched after the gc, through the same server). Once unmounted, gc
+/// removes the image, its side files and every object it had fetched.
+#[test]
+fn privileged_gc_keeps_an_unnamed_lazy_image_and_what_it_fetched_while_mounted() {
+    use support::images::text;
+    require_root();
+    let reg = LocalRegistry::start();
+    let l = lazy_setup(&reg, "lazy/gc", None);
+    let inspected: serde_json::Value =
+        serde_json::from_str(&cairn_ok(&l.b, &["--json", "inspect", &l.reference])).unwrap();
+    let digest = inspected["digest"].as_str().unwrap().to_owned();
+    let (read, unread) = ("data/read-me.txt", "data/unread-07.txt");
+    let ids = object_ids(
+        &l.b,
+        &l.reference,
+        &["/data/read-me.txt", "/data/unread-07.txt"],
+    );
+    let images = l.b.join("images");
+    let kept_files = [
+        images.join(&digest),
+        images.join(format!("{digest}.json")),
+        images.join(format!("{digest}.lazy-index")),
+    ];
+    for f in &kept_files {
+        assert!(f.is_file(), "the lazy pull left no {}", f.display());
+    }
+    assert_eq!(objects_in(&l.b), 0, "the lazy pull fetched objects");
+
+    // Alone (no neighbours): `unread` stays missing until it is read.
+    let lazy = lazy_mount(
+        &l,
+        "mnt-b",
+        &["--lazy-fetch", "on-demand", "--coalesce", "0"],
+    );
+    assert_eq!(fs::read(lazy.target.join(read)).unwrap(), text(5_000, 1));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while local_ids(&l.b, &ids[..1]) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{read} was read but its object never published; logs: {}",
+            lazy_logs(&l.b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(local_ids(&l.b, &ids[1..]), 0, "{unread} was fetched unread");
+    let fetched = objects_in(&l.b);
+
+    // No name left: only the mount keeps the image.
+    cairn_ok(&l.b, &["rm", &l.reference]);
+    let inspected: serde_json::Value =
+        serde_json::from_str(&cairn_ok(&l.b, &["--json", "inspect", &digest])).unwrap();
+    assert_eq!(inspected["names"], serde_json::json!([]), "{inspected:#}");
+    let gc: serde_json::Value = serde_json::from_str(&cairn_ok(&l.b, &["--json", "gc"])).unwrap();
+    assert_eq!(gc["images"], serde_json::json!([]), "{gc:#}");
+    assert_eq!(gc["objects"], 0, "{gc:#}");
+    let live = gc["live_mounts"].as_array().unwrap();
+    assert!(
+        live.iter()
+            .any(|m| m["digest"] == digest.as_str()
+                && m["mount_point"] == lazy.target.to_str().unwrap()),
+        "gc did not see the lazy mount keeping {digest}: {gc:#}"
+    );
+    assert_eq!(
+        local_ids(&l.b, &ids[..1]),
+        1,
+        "gc removed the fetched object"
+    );
+    assert_eq!(objects_in(&l.b), fetched, "gc removed fetched objects");
+    for f in &kept_files {
+        assert!(f.is_file(), "gc removed {} while mounted", f.display());
+    }
+
+    // Both the fetched file and a missing one read right after the gc.
+    assert_eq!(fs::read(lazy.target.join(read)).unwrap(), text(5_000, 1));
+    assert_eq!(
+        fs::read(lazy.target.join(unread)).unwrap(),
+        text(2_007, 107),
+        "{unread} through the lazy mount after gc; logs: {}",
+        lazy_logs(&l.b)
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while local_ids(&l.b, &ids) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{unread}, read after gc, was never published; logs: {}",
+            lazy_logs(&l.b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // A second gc, with both published, still keeps them.
+    cairn_ok(&l.b, &["gc"]);
+    assert_eq!(
+        local_ids(&l.b, &ids),
+        2,
+        "the second gc removed fetched objects"
+    );
+    assert_eq!(
+        fs::read(lazy.target.join(unread)).unwrap(),
+        text(2_007, 107)
+    );
+
+    // Unmounted (the server gone), the image is garbage.
+    drop(lazy);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !lazy_servers(&l.b).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lazy server stays: {:?}",
+            lazy_servers(&l.b)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let fetched = objects_in(&l.b);
+    let gc: serde_json::Value = serde_json::from_str(&cairn_ok(&l.b, &["--json", "gc"])).unwrap();
+    assert_eq!(gc["live_mounts"], serde_json::json!([]), "{gc:#}");
+    assert_eq!(gc["images"].as_array().map(Vec::len), Some(1), "{gc:#}");
+    assert_eq!(gc["objects"].as_u64(), Some(fetched as u64), "{gc:#}");
+    assert_eq!(objects_in(&l.b), 0, "objects left after the unmount and gc");
+    for f in &kept_files {
+        assert!(!f.exists(), "{} left after the unmount and gc", f.display());
+    }
+    support::assert_fsck_clean(&l.b, "after gc of the unmounted lazy image");
+}
