@@ -6,11 +6,13 @@
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
     /// Talking to the registry failed (the message names the registry,
-    /// the blob or manifest, and why).
-    #[error("{0}")]
+    /// the blob or manifest, and why). Transparent: the message and the
+    /// source are the inner error's, so that an error chain (`{:#}`) does
+    /// not say it twice.
+    #[error(transparent)]
     Registry(#[from] cairn_oci::PullError),
 
-    #[error("{0}")]
+    #[error(transparent)]
     Store(#[from] cairn_store::StoreError),
 
     /// The image cannot be started lazily; `why` says what was looked for.
