@@ -11,8 +11,10 @@ mod support;
 #[path = "../../oci/tests/common/fake.rs"]
 mod fake;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fake::{FakeServer, Reply, Request};
@@ -74,6 +76,43 @@ fn published(reg: &LocalRegistry, a: &Path, pack_size: &str) -> Value {
     )
 }
 
+fn sha256_digest(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+/// The manifest `reference` (tag or digest) of `repo` as the registry
+/// serves it: its bytes and Content-Type.
+fn served_manifest(reg: &LocalRegistry, repo: &str, reference: &str) -> (Vec<u8>, String) {
+    let resp = ureq::get(&format!(
+        "http://{}/v2/{repo}/manifests/{reference}",
+        reg.addr
+    ))
+    .set("Accept", "application/vnd.oci.image.manifest.v1+json")
+    .call()
+    .unwrap();
+    let content_type = resp.header("Content-Type").unwrap_or_default().to_string();
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut resp.into_reader(), &mut bytes).unwrap();
+    (bytes, content_type)
+}
+
+/// (digest, size) of each pack layer of an artifact manifest, in order.
+fn pack_layers(manifest: &Value) -> Vec<(String, u64)> {
+    manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.pack")
+        .map(|l| {
+            (
+                l["digest"].as_str().unwrap().to_string(),
+                l["size"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn push_pull_lazy_fetch_equals_a_full_pull() {
     let reg = LocalRegistry::start();
@@ -84,6 +123,56 @@ fn push_pull_lazy_fetch_equals_a_full_pull() {
     assert_eq!(push["referrers"], "tag-schema", "{push:#}");
     assert!(push["packs"].as_u64().unwrap() > 1, "{push:#}");
     let full_digest = push["image_digest"].as_str().unwrap().to_string();
+
+    // The artifact as the registry serves it: an image manifest of
+    // cairn's artifact type whose subject is the pushed image's manifest
+    // (as the registry serves that: digest, size, media type).
+    let artifact_digest = push["artifact_digest"].as_str().unwrap();
+    let (bytes, _) = served_manifest(&reg, "lazy/set", artifact_digest);
+    assert_eq!(sha256_digest(&bytes), artifact_digest);
+    let artifact: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(artifact["artifactType"], "application/vnd.cairn.lazy.v1");
+    assert_eq!(
+        artifact["mediaType"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    let (source, source_type) = served_manifest(&reg, "lazy/set", "full");
+    let source_json: Value = serde_json::from_slice(&source).unwrap();
+    let subject = &artifact["subject"];
+    assert_eq!(
+        subject["digest"],
+        sha256_digest(&source).as_str(),
+        "{artifact:#}"
+    );
+    assert_eq!(subject["digest"], push["subject_digest"], "{artifact:#}");
+    assert_eq!(subject["size"], source.len() as u64, "{artifact:#}");
+    assert_eq!(subject["mediaType"], source_type.as_str(), "{artifact:#}");
+    assert_eq!(
+        subject["mediaType"], source_json["mediaType"],
+        "{artifact:#}"
+    );
+    // `--pack-size 256K`: a pack is closed once it holds 256 KiB, so it
+    // is at most that plus its last frame (one object of at most a
+    // chunk, or one chunk: zstd's bound for 1 MiB).
+    let pack_size = 256u64 << 10;
+    let max_frame = zstd::zstd_safe::compress_bound(1 << 20) as u64;
+    let packs = pack_layers(&artifact);
+    assert_eq!(packs.len() as u64, push["packs"].as_u64().unwrap());
+    assert_eq!(
+        packs.iter().map(|p| p.1).sum::<u64>(),
+        push["pack_bytes"].as_u64().unwrap()
+    );
+    for (digest, size) in &packs {
+        assert!(
+            *size <= pack_size + max_frame,
+            "pack {digest} is {size} bytes, over the bound {pack_size} + {max_frame}"
+        );
+        assert_eq!(
+            std::fs::metadata(reg.blob_path(digest)).unwrap().len(),
+            *size,
+            "pack {digest} as stored in the registry"
+        );
+    }
 
     // A fresh store, through a proxy that counts what the registry sends.
     let proxy = SlowProxy::start(&reg.addr, 64 << 10);
@@ -180,6 +269,29 @@ fn push_pull_lazy_fetch_equals_a_full_pull() {
         }
         // Fetching to a writer stores nothing.
         assert!(objects(&b).is_empty());
+        // The frames of each pack lie end to end and fill it; its last
+        // frame starts before the pack size (else the pack would have
+        // been closed before it).
+        let mut frames: Vec<_> = entries.iter().flat_map(|e| e.frames.clone()).collect();
+        frames.sort_by_key(|f| (f.pack, f.offset));
+        for (p, (digest, size)) in packs.iter().enumerate() {
+            let mine: Vec<_> = frames.iter().filter(|f| f.pack as usize == p).collect();
+            assert!(!mine.is_empty(), "pack {p} ({digest}) holds no frame");
+            let mut at = 0;
+            for f in &mine {
+                assert_eq!(f.offset, at, "pack {p} ({digest}): a gap or overlap");
+                assert!(f.compressed <= max_frame, "{f:?}");
+                at += f.compressed;
+            }
+            assert_eq!(at, *size, "pack {p} ({digest}) is not filled by its frames");
+            let last = mine.last().unwrap();
+            assert!(
+                last.offset < pack_size,
+                "pack {p} ({digest}) was not closed at {pack_size} bytes: its last frame starts at {}",
+                last.offset
+            );
+        }
+        assert!(frames.iter().all(|f| (f.pack as usize) < packs.len()));
     }
 
     let fetched = json(&b, &["fetch", &via]);
@@ -820,4 +932,253 @@ fn push_needs_a_pulled_or_imported_image() {
         !out.status.success() && err.contains("has no image record") && err.contains("subject"),
         "{err}"
     );
+}
+
+/// The (path, Range) of each range request for one of `packs` that a
+/// fake server saw, in order.
+fn pack_ranges(fake: &FakeServer, packs: &[String]) -> Vec<(String, String)> {
+    fake.requests()
+        .into_iter()
+        .filter(|r| {
+            packs
+                .iter()
+                .any(|p| r.path.ends_with(&format!("/blobs/{p}")))
+        })
+        .filter_map(|r| Some((r.path.clone(), r.header("Range")?.to_string())))
+        .collect()
+}
+
+/// The registry's answer to `req` cut off after half its body (the
+/// connection closed with the Content-Length not reached); an upstream
+/// answer that is not a 206 with a body to cut is noted in `bad`.
+fn dropped_mid_body(upstream: &str, req: &Request, bad: &Mutex<Vec<String>>) -> Reply {
+    match forward(upstream, req, false) {
+        Reply::Full(206, headers, body) if body.len() > 1 => {
+            let half = body[..body.len() / 2].to_vec();
+            Reply::Short(206, headers, half, body.len() as u64)
+        }
+        Reply::Full(status, _, body) => {
+            bad.lock().unwrap().push(format!(
+                "{} {:?}: upstream answered {status} with {} bytes",
+                req.path,
+                req.header("Range"),
+                body.len()
+            ));
+            Reply::status(500, "unexpected upstream answer")
+        }
+        _ => unreachable!("forward answers Full"),
+    }
+}
+
+/// Runs `cairn fetch ARGS` in `root` and waits at most `limit` for it
+/// (killed and a failure past that): its output.
+fn fetch_bounded(root: &Path, args: &[&str], limit: Duration) -> std::process::Output {
+    let child = cairn_cmd(root)
+        .arg("fetch")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) on the child this function spawned, which
+            // has not been waited for (the waiting thread still waits).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("cairn fetch {args:?} did not end within {limit:?}");
+        }
+    }
+}
+
+/// `cairn fetch` through a registry front that breaks two range requests
+/// for pack blobs: the first for a run of single-frame objects is cut off
+/// mid-body (connection closed after half of it), the first for a chunk
+/// of a chunked object is answered 503. The client retries each (the
+/// policy of `cairn_oci::client`: transient failures, `--attempts`
+/// attempts in all, default 4, with backoff), from the range's first
+/// byte, and the fetch completes with exactly the image's objects: the
+/// front saw two range requests more than the fetch reports making, each
+/// broken range twice and every other range once.
+#[test]
+fn broken_range_requests_are_retried_and_the_fetch_completes() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    let push = published(&reg, &a, "256K");
+    let artifact_digest = push["artifact_digest"].as_str().unwrap();
+    let (bytes, _) = served_manifest(&reg, "lazy/set", artifact_digest);
+    let packs: Vec<String> = pack_layers(&serde_json::from_slice(&bytes).unwrap())
+        .into_iter()
+        .map(|p| p.0)
+        .collect();
+    // Where the requests for single-frame objects and for chunks start,
+    // from the artifact's index (a lazy pull straight from the registry).
+    let (singles, chunks) = {
+        let c = dir.path().join("c");
+        let pulled = json(&c, &["pull", "--lazy", &reg.reference("lazy/set:full")]);
+        let store = cairn_store::Store::open(&c).unwrap();
+        let client = cairn_oci::ClientOptions {
+            auth_files: Vec::new(),
+            ..cairn_oci::ClientOptions::default()
+        };
+        let digest = pulled["image_digest"].as_str().unwrap();
+        let remote = cairn_remote::RemoteObjects::open(&store, digest, &client).unwrap();
+        let (mut singles, mut chunks) = (HashSet::new(), HashSet::new());
+        for e in remote.index().entries() {
+            let set = if e.is_chunked() {
+                &mut chunks
+            } else {
+                &mut singles
+            };
+            for f in &e.frames {
+                set.insert((f.pack as usize, f.offset));
+            }
+        }
+        (singles, chunks)
+    };
+    assert!(!singles.is_empty() && !chunks.is_empty());
+
+    let dropped: Arc<Mutex<Option<(String, String)>>> = Arc::default();
+    let refused: Arc<Mutex<Option<(String, String)>>> = Arc::default();
+    let bad: Arc<Mutex<Vec<String>>> = Arc::default();
+    let fake = {
+        let (upstream, packs) = (reg.addr.clone(), packs.clone());
+        let (dropped, refused, bad) = (dropped.clone(), refused.clone(), bad.clone());
+        FakeServer::start(move |req| {
+            let (Some(range), Some(pack)) = (
+                req.header("Range"),
+                packs
+                    .iter()
+                    .position(|p| req.path.ends_with(&format!("/blobs/{p}"))),
+            ) else {
+                return forward(&upstream, req, false);
+            };
+            let start: u64 = range
+                .strip_prefix("bytes=")
+                .and_then(|r| r.split('-').next())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(u64::MAX);
+            let key = Some((req.path.clone(), range.to_string()));
+            if singles.contains(&(pack, start)) {
+                let mut d = dropped.lock().unwrap();
+                if d.is_none() {
+                    *d = key;
+                    return dropped_mid_body(&upstream, req, &bad);
+                }
+            } else if chunks.contains(&(pack, start)) {
+                let mut r = refused.lock().unwrap();
+                if r.is_none() {
+                    *r = key;
+                    return Reply::error(503, "UNAVAILABLE", "try again later");
+                }
+            } else {
+                bad.lock()
+                    .unwrap()
+                    .push(format!("range {range} of pack {pack} starts at no frame"));
+            }
+            forward(&upstream, req, false)
+        })
+    };
+    let via = format!("{}/lazy/set:full", fake.addr);
+    let pulled = json(&b, &["pull", "--lazy", &via]);
+    assert!(pack_ranges(&fake, &packs).is_empty(), "the pull read packs");
+
+    let fetched = json(&b, &["fetch", &via]);
+    assert_eq!(fetched["was_complete"], false, "{fetched:#}");
+    assert_eq!(fetched["fetched_objects"], pulled["objects"], "{fetched:#}");
+    let bad = bad.lock().unwrap().clone();
+    assert!(bad.is_empty(), "{bad:#?}");
+    let dropped = dropped.lock().unwrap().clone().expect("no group request");
+    let refused = refused.lock().unwrap().clone().expect("no chunk request");
+    let ranges = pack_ranges(&fake, &packs);
+    let requests = fetched["requests"].as_u64().unwrap();
+    assert_eq!(ranges.len() as u64, requests + 2, "{ranges:#?}");
+    let times = |k: &(String, String)| ranges.iter().filter(|r| *r == k).count();
+    assert_eq!(times(&dropped), 2, "{dropped:?} in {ranges:#?}");
+    assert_eq!(times(&refused), 2, "{refused:?} in {ranges:#?}");
+    let distinct: BTreeSet<_> = ranges.iter().collect();
+    assert_eq!(distinct.len() as u64, requests, "{ranges:#?}");
+
+    // Complete, with exactly the image's objects, each checked.
+    let digest = pulled["image_digest"].as_str().unwrap();
+    let row = image_row(&b, digest);
+    assert!(row.get("incomplete").is_none(), "{row:#}");
+    assert_eq!(row["missing_objects"], 0, "{row:#}");
+    let (oa, ob) = (objects(&a), objects(&b));
+    assert!(
+        ob.is_subset(&oa),
+        "fetched objects a full pull does not have"
+    );
+    assert_eq!(ob.len() as u64, pulled["objects"].as_u64().unwrap());
+    assert_fsck_clean(&b, "after a fetch with retried range requests");
+}
+
+/// A range request for a pack that fails every time (cut off mid-body,
+/// 503, alternately) is tried `--attempts` times (default 4), not more,
+/// and then the fetch fails, promptly, with an error naming the pack blob
+/// and the attempts; nothing is stored and the image stays incomplete.
+#[test]
+fn a_range_request_that_always_fails_gives_up_naming_the_blob() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    let push = published(&reg, &a, "256K");
+    let artifact_digest = push["artifact_digest"].as_str().unwrap();
+    let (bytes, _) = served_manifest(&reg, "lazy/set", artifact_digest);
+    let packs: Vec<String> = pack_layers(&serde_json::from_slice(&bytes).unwrap())
+        .into_iter()
+        .map(|p| p.0)
+        .collect();
+    let bad: Arc<Mutex<Vec<String>>> = Arc::default();
+    let fake = {
+        let (upstream, packs, bad) = (reg.addr.clone(), packs.clone(), bad.clone());
+        let n = AtomicUsize::new(0);
+        FakeServer::start(move |req| {
+            let pack = packs
+                .iter()
+                .any(|p| req.path.ends_with(&format!("/blobs/{p}")));
+            if !pack || req.header("Range").is_none() {
+                return forward(&upstream, req, false);
+            }
+            if n.fetch_add(1, Ordering::SeqCst).is_multiple_of(2) {
+                dropped_mid_body(&upstream, req, &bad)
+            } else {
+                Reply::error(503, "UNAVAILABLE", "try again later")
+            }
+        })
+    };
+    let via = format!("{}/lazy/set:full", fake.addr);
+    let pulled = json(&b, &["pull", "--lazy", &via]);
+    assert!(pack_ranges(&fake, &packs).is_empty(), "the pull read packs");
+
+    // One request in flight: the first range's attempts are all there is.
+    let out = fetch_bounded(&b, &[&via, "--jobs", "1"], Duration::from_secs(120));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let bad = bad.lock().unwrap().clone();
+    assert!(bad.is_empty(), "{bad:#?}");
+    let ranges = pack_ranges(&fake, &packs);
+    assert_eq!(ranges.len(), 4, "{ranges:#?}");
+    assert!(ranges.iter().all(|r| *r == ranges[0]), "{ranges:#?}");
+    let blob = ranges[0].0.rsplit('/').next().unwrap();
+    assert!(packs.iter().any(|p| p == blob));
+    for needle in [
+        format!("pack {blob} bytes "),
+        "gave up after 4 attempts".to_string(),
+    ] {
+        // Said once: the error chain does not repeat the registry's error.
+        assert_eq!(err.matches(&needle).count(), 1, "{needle:?} in: {err}");
+    }
+    let row = image_row(&b, pulled["image_digest"].as_str().unwrap());
+    assert!(row.get("incomplete").is_some(), "{row:#}");
+    assert!(objects(&b).is_empty(), "a failed fetch stored objects");
+    assert_fsck_clean(&b, "after a fetch that gave up");
 }

@@ -107,18 +107,59 @@ fn privileged_lazy_large_file_is_read_chunk_by_chunk() {
         .unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     cairn_ok(&a, &["pull", "-q", &reference]);
-    cairn_ok(
+    let push = cairn_ok(
         &a,
         &[
+            "--json",
             "push",
-            "-q",
             &reference,
             &reg.reference("lazy/chunks:1-lazy"),
         ],
     );
+    let push: serde_json::Value = serde_json::from_str(&push).unwrap();
     let proxy = RangeProxy::start(&reg.addr, Duration::from_millis(150));
     let via = format!("{}/lazy/chunks:1", proxy.addr);
-    cairn_ok(&b, &["pull", "-q", "--lazy", "--no-prefetch", &via]);
+    let pulled = cairn_ok(&b, &["--json", "pull", "--lazy", "--no-prefetch", &via]);
+    let pulled: serde_json::Value = serde_json::from_str(&pulled).unwrap();
+    // The pack blobs that hold chunk 6 of other.bin and tiny.bin's one
+    // frame (read below with the registry corrupting them): from the
+    // artifact's manifest and index.
+    let (other_id, tiny_id) = (
+        cairn_store::fsverity_digest(&other[..]).unwrap(),
+        cairn_store::fsverity_digest(&tiny[..]).unwrap(),
+    );
+    let (other_pack, tiny_pack) = {
+        let artifact: serde_json::Value = serde_json::from_reader(
+            ureq::get(&format!(
+                "http://{}/v2/lazy/chunks/manifests/{}",
+                reg.addr,
+                push["artifact_digest"].as_str().unwrap()
+            ))
+            .set("Accept", "application/vnd.oci.image.manifest.v1+json")
+            .call()
+            .unwrap()
+            .into_reader(),
+        )
+        .unwrap();
+        let packs: Vec<String> = artifact["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.pack")
+            .map(|l| l["digest"].as_str().unwrap().to_string())
+            .collect();
+        let store = cairn_store::Store::open(&b).unwrap();
+        let client = cairn_oci::ClientOptions {
+            auth_files: Vec::new(),
+            ..cairn_oci::ClientOptions::default()
+        };
+        let digest = pulled["image_digest"].as_str().unwrap();
+        let remote = cairn_remote::RemoteObjects::open(&store, digest, &client).unwrap();
+        let pack_of =
+            |id, k: usize| packs[remote.entry(id).unwrap().frames[k].pack as usize].clone();
+        (pack_of(&other_id, 6), pack_of(&tiny_id, 0))
+    };
+    let repository = format!("{}/lazy/chunks", proxy.addr);
     let target = dir.path().join("mnt");
     fs::create_dir_all(&target).unwrap();
     let report = cairn_ok(
@@ -222,12 +263,33 @@ fn privileged_lazy_large_file_is_read_chunk_by_chunk() {
             log.push_str(&fs::read_to_string(&p).unwrap());
         }
     }
+    // The corrupt chunk's line: the object, the chunk, the pack blob it
+    // came from, and that its reads fail with EIO.
+    let chunk_line = format!("object {other_id} from blob {other_pack} in {repository}: chunk 6 ");
     assert!(
-        log.contains("sha256:") && log.contains("chunk") && log.contains("EIO"),
-        "{log}"
+        log.lines().any(|l| l.contains(&chunk_line)
+            && l.contains(&format!("object {other_id}: chunk 6 (bytes "))
+            && l.contains("EIO")
+            && l.contains("nothing of it was stored")),
+        "no line with {chunk_line:?}: {log}"
     );
-    // The small object's line: its name, the pack, what it hashed to.
-    assert!(log.contains("hash to object"), "{log}");
+    // The small object's line: its name, the pack blob, what it hashed
+    // to (another object).
+    let tiny_line = format!(
+        "object {tiny_id} from blob {tiny_pack} in {repository}: its bytes hash to object "
+    );
+    let hashed_to: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split_once(&tiny_line))
+        .map(|(_, rest)| rest.get(..64).unwrap_or(rest))
+        .collect();
+    assert!(!hashed_to.is_empty(), "no line with {tiny_line:?}: {log}");
+    for h in hashed_to {
+        assert!(
+            h.len() == 64 && h.bytes().all(|c| c.is_ascii_hexdigit()) && h != tiny_id.to_string(),
+            "{tiny_line:?} then {h:?}: {log}"
+        );
+    }
     assert!(log.contains("chunked_published: 2"), "{log}");
     if log.contains("passthrough: true") {
         assert!(!log.contains("passthrough_opens: 0,"), "{log}");
