@@ -178,7 +178,7 @@ use std::time::{Duration, Instant};
 use support::registry::LocalRegistry;
 use support::snapshotter::{
     build_go, build_go_module, build_rpull, cairn_ok_at, manifest_at, manifest_of, push_image,
-    push_lazy_artifact, Ctd, CONTAINERD2_BIN, OCI_MANIFEST, REPO, TAG,
+    push_lazy_artifact, Ctd, CAP_NET_RAW_EP, CONTAINERD2_BIN, OCI_MANIFEST, REPO, TAG,
 };
 
 /// containerd and `cairn snapshotter`, on their own root, state and
@@ -430,13 +430,16 @@ impl Drop for Daemons {
 }
 
 /// What the container prints: files from every layer, a listing with
-/// owners, modes and times, digests of large files, and a write.
+/// owners, modes (setuid, setgid and sticky bits too) and times, digests
+/// of large files, and a write. busybox cannot read xattrs (no getfattr,
+/// no getcap): the trees compared on the host check them.
 /// Directories' sizes and link counts are the filesystem's (EROFS,
 /// overlayfs) and their times may be the unpack's (see below), so those
 /// are left out.
 const SCRIPT: &str = "cat /etc/os-release /etc/motd; \
     find /bin /etc /srv /usr/lib /opt -xdev -type d | sort | xargs stat -c '%n %A %u:%g'; \
     find /bin /etc /srv /usr/lib /opt -xdev ! -type d | sort | xargs stat -c '%n %A %u:%g %s %h %Y'; \
+    stat -c '%n %A %u:%g' /tmp; \
     md5sum /bin/tool /bin/sh-again /bin/tool-link /opt/data /usr/share/blob /srv/top; \
     find /usr /srv /opt /etc -xdev | sort | md5sum; \
     echo hello > /srv/written && cat /srv/written; rm /etc/motd && ls /etc; \
@@ -520,6 +523,9 @@ fn ctr_pull_and_run(v: Ctd) {
         d.is_empty(),
         "cairn's tree differs from overlayfs's: {d:#?}"
     );
+    // Equal, and not for lack of owners, mode bits and xattrs on both.
+    check_debian_metadata(&trees[0], "overlayfs");
+    check_debian_metadata(&trees[1], "cairn");
     assert!(trees[1].entries.len() > 900, "{}", trees[1].entries.len());
 
     // The layers containerd unpacked and cairn committed hold the same
@@ -587,6 +593,7 @@ fn ctr_pull_and_run(v: Ctd) {
         d.is_empty(),
         "the snapshotter's tree differs from cairn pull's: {d:#?}"
     );
+    check_debian_metadata(&pulled, "cairn pull");
 
     // cairn's gc keeps what the snapshotter's committed snapshots need
     // (their refs) once the image cairn pulled is gone, and a container
@@ -624,6 +631,61 @@ fn ctr_pull_and_run(v: Ctd) {
         Vec::<String>::new(),
         "chain images left mounted after the image's removal"
     );
+}
+
+/// The owners, mode bits (setuid, setgid, sticky) and xattrs the test
+/// image's busybox layer gives some entries (`debian_metadata` in
+/// support/snapshotter.rs) are in `tree`, the mount of the image by `what`.
+fn check_debian_metadata(tree: &Snapshot, what: &str) {
+    let xattr = |k: &str, v: &[u8]| (k.as_bytes().to_vec(), v.to_vec());
+    // Path, mode, owner, xattrs (sorted by name).
+    let want = [
+        ("tmp", 0o041777, (0, 0), vec![]),
+        ("etc/shadow", 0o100640, (0, 42), vec![]),
+        ("bin/su", 0o104755, (0, 0), vec![]),
+        ("bin/wall", 0o102755, (0, 5), vec![]),
+        (
+            "bin/ping",
+            0o100755,
+            (0, 0),
+            vec![
+                xattr("security.capability", &CAP_NET_RAW_EP),
+                xattr("user.cairn.origin", b"iputils-ping"),
+            ],
+        ),
+        ("srv/shared", 0o041777, (0, 0), vec![]),
+        (
+            "srv/www",
+            0o042775,
+            (33, 33),
+            vec![xattr("user.cairn.site", b"www")],
+        ),
+        (
+            "srv/www/index.html",
+            0o100644,
+            (33, 33),
+            vec![xattr("user.mime_type", b"text/html")],
+        ),
+        ("srv/home/user", 0o040750, (1000, 1000), vec![]),
+        ("srv/home/user/secret", 0o100600, (1000, 1000), vec![]),
+        ("srv/home/user/profile-link", 0o120777, (1000, 1000), vec![]),
+    ];
+    for (path, mode, (uid, gid), xattrs) in want {
+        let e = tree
+            .entries
+            .get(path.as_bytes())
+            .unwrap_or_else(|| panic!("{what}: no {path}"));
+        assert_eq!(
+            (
+                e.mode,
+                e.uid,
+                e.gid,
+                e.xattrs.clone().into_iter().collect::<Vec<_>>()
+            ),
+            (mode, uid, gid, xattrs),
+            "{what}: {path} (mode, uid, gid, xattrs)"
+        );
+    }
 }
 
 /// `ctr images rm --sync` of `references` (every name of the image's

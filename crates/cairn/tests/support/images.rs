@@ -31,13 +31,25 @@ pub struct Tar {
 
 impl Tar {
     fn header(&mut self, name: &str, kind: u8, mode: u32, size: usize, link: &str) {
+        self.header_owned(name, kind, mode, (0, 0), size, link);
+    }
+
+    fn header_owned(
+        &mut self,
+        name: &str,
+        kind: u8,
+        mode: u32,
+        (uid, gid): (u32, u32),
+        size: usize,
+        link: &str,
+    ) {
         let mut h = [0u8; 512];
         assert!(name.len() <= 100, "name too long: {name}");
         assert!(link.len() <= 100, "link too long: {link}");
         h[..name.len()].copy_from_slice(name.as_bytes());
         h[100..107].copy_from_slice(format!("{mode:07o}").as_bytes());
-        h[108..115].copy_from_slice(b"0000000");
-        h[116..123].copy_from_slice(b"0000000");
+        h[108..115].copy_from_slice(format!("{uid:07o}").as_bytes());
+        h[116..123].copy_from_slice(format!("{gid:07o}").as_bytes());
         h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
         h[136..147].copy_from_slice(format!("{MTIME:011o}").as_bytes());
         h[156] = kind;
@@ -73,6 +85,69 @@ impl Tar {
 
     pub fn hardlink(&mut self, name: &str, target: &str) -> &mut Self {
         self.header(name, b'1', 0o644, 0, target);
+        self
+    }
+
+    /// A pax extended header (`x`) of `SCHILY.xattr.*` records: the xattrs
+    /// of the entry that follows it (as docker, buildkit and Go's
+    /// archive/tar write them; values are binary).
+    fn pax_xattrs(&mut self, name: &str, xattrs: &[(&str, &[u8])]) {
+        if xattrs.is_empty() {
+            return;
+        }
+        let mut body = Vec::new();
+        for (key, value) in xattrs {
+            // "LEN SCHILY.xattr.KEY=VALUE\n", LEN counting its own digits.
+            let rest = format!(" SCHILY.xattr.{key}=").len() + value.len() + 1;
+            let mut len = rest + 1;
+            while len != rest + len.to_string().len() {
+                len = rest + len.to_string().len();
+            }
+            body.extend_from_slice(format!("{len} SCHILY.xattr.{key}=").as_bytes());
+            body.extend_from_slice(value);
+            body.push(b'\n');
+        }
+        let short: String = name.chars().take(80).collect();
+        self.header(&format!("PaxHeaders/{short}"), b'x', 0o644, body.len(), "");
+        self.buf.extend_from_slice(&body);
+        self.buf.resize(self.buf.len().div_ceil(512) * 512, 0);
+    }
+
+    /// A directory with its mode (with setuid, setgid and sticky bits),
+    /// owner (`uid`, `gid`) and xattrs.
+    pub fn dir_owned(
+        &mut self,
+        name: &str,
+        mode: u32,
+        owner: (u32, u32),
+        xattrs: &[(&str, &[u8])],
+    ) -> &mut Self {
+        let name = format!("{name}/");
+        self.pax_xattrs(&name, xattrs);
+        self.header_owned(&name, b'5', mode, owner, 0, "");
+        self
+    }
+
+    /// A regular file with its mode (with setuid, setgid and sticky bits),
+    /// owner (`uid`, `gid`) and xattrs.
+    pub fn file_owned(
+        &mut self,
+        name: &str,
+        data: &[u8],
+        mode: u32,
+        owner: (u32, u32),
+        xattrs: &[(&str, &[u8])],
+    ) -> &mut Self {
+        self.pax_xattrs(name, xattrs);
+        self.header_owned(name, b'0', mode, owner, data.len(), "");
+        self.buf.extend_from_slice(data);
+        self.buf.resize(self.buf.len().div_ceil(512) * 512, 0);
+        self
+    }
+
+    /// A symlink owned by `owner` (`uid`, `gid`).
+    pub fn symlink_owned(&mut self, name: &str, target: &str, owner: (u32, u32)) -> &mut Self {
+        self.header_owned(name, b'2', 0o777, owner, 0, target);
         self
     }
 

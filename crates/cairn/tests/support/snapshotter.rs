@@ -23,7 +23,8 @@ pub fn sha256_hex(d: &[u8]) -> String {
 
 /// Pushes an image of four layers (files, symlinks, hardlinks, whiteouts,
 /// an opaque directory; mostly the test set's) and a fifth with busybox,
-/// so that it can run; returns its reference.
+/// so that it can run, and the owners, mode bits and xattrs a Debian image
+/// has ([`debian_metadata`]); returns its reference.
 pub fn push_image(reg: &LocalRegistry) -> String {
     let set = ImageSet::get();
     let layer = |name: &str| {
@@ -47,7 +48,7 @@ pub fn push_image(reg: &LocalRegistry) -> String {
         &std::fs::read("/bin/busybox").expect("/bin/busybox (busybox-static)"),
         0o755,
     );
-    t.dir("tmp");
+    debian_metadata(&mut t);
     blobs.push(gzip(t.finish()));
     for (b, d, _) in &blobs {
         assert_eq!(&reg.push_blob(REPO, b), d);
@@ -70,6 +71,74 @@ pub fn push_image(reg: &LocalRegistry) -> String {
     .unwrap();
     reg.push_manifest(REPO, TAG, OCI_MANIFEST, &manifest);
     reg.reference(&format!("{REPO}:{TAG}"))
+}
+
+/// `security.capability` as `setcap cap_net_raw+ep` writes it: a v2
+/// `vfs_cap_data` (magic 0x02000000 | VFS_CAP_FLAGS_EFFECTIVE, then
+/// permitted and inheritable words for caps 0-31 and 32-63), little endian,
+/// CAP_NET_RAW (13) permitted.
+pub const CAP_NET_RAW_EP: [u8; 20] = [
+    0x01, 0x00, 0x00, 0x02, // magic_etc
+    0x00, 0x20, 0x00, 0x00, // permitted, caps 0-31: 1 << 13
+    0x00, 0x00, 0x00, 0x00, // inheritable, caps 0-31
+    0x00, 0x00, 0x00, 0x00, // permitted, caps 32-63
+    0x00, 0x00, 0x00, 0x00, // inheritable, caps 32-63
+];
+
+/// What a Debian image's tree carries beyond root-owned 0644/0755 files,
+/// added to the busybox layer (in directories of the lower layers and new
+/// ones): files and directories of other owners (`/etc/shadow` 0:42
+/// shadow, www-data 33:33, a user 1000:1000, a symlink of that user),
+/// setuid, setgid and sticky bits, and xattrs in pax `SCHILY.xattr.*`
+/// records: `security.capability` (ping's cap_net_raw+ep) and `user.*`
+/// on a file and a directory.
+fn debian_metadata(t: &mut Tar) {
+    t.dir_owned("tmp", 0o1777, (0, 0), &[])
+        .file_owned(
+            "etc/shadow",
+            b"root:*:20000:0:99999:7:::\nwww-data:*:20000:0:99999:7:::\n",
+            0o640,
+            (0, 42),
+            &[],
+        )
+        .file_owned("bin/su", b"#!/bin/tool su\n", 0o4755, (0, 0), &[])
+        .file_owned("bin/wall", b"#!/bin/tool wall\n", 0o2755, (0, 5), &[])
+        .file_owned(
+            "bin/ping",
+            b"#!/bin/tool ping\n",
+            0o755,
+            (0, 0),
+            &[
+                ("security.capability", &CAP_NET_RAW_EP),
+                ("user.cairn.origin", b"iputils-ping"),
+            ],
+        )
+        .dir_owned("srv/shared", 0o1777, (0, 0), &[])
+        .dir_owned("srv/www", 0o2775, (33, 33), &[("user.cairn.site", b"www")])
+        .file_owned(
+            "srv/www/index.html",
+            b"<p>www-data</p>\n",
+            0o644,
+            (33, 33),
+            &[("user.mime_type", b"text/html")],
+        )
+        .dir_owned("srv/home", 0o755, (0, 0), &[])
+        .dir_owned("srv/home/user", 0o750, (1000, 1000), &[])
+        .file_owned(
+            "srv/home/user/.profile",
+            b"PATH=/busybox\n",
+            0o644,
+            (1000, 1000),
+            &[],
+        )
+        .file_owned(
+            "srv/home/user/secret",
+            b"s3cret\n",
+            0o600,
+            (1000, 1000),
+            &[],
+        )
+        .symlink_owned("srv/home/user/profile-link", ".profile", (1000, 1000));
 }
 
 /// The manifest `tag` of the test repository, read from the registry at
