@@ -164,9 +164,9 @@ struct MountArgs {
     /// The fs-verity digest (sha256, hex) the image file must have, as composefs's image digest: checked with FS_IOC_MEASURE_VERITY before mounting; refused on a mismatch or where the image has no fs-verity.
     #[arg(long, value_name = "SHA256")]
     digest: Option<String>,
-    /// For an image pulled with --lazy: mount it now, fetching each missing file from the registry when it is first opened (a server process serves the layer until the mount is gone). A complete image mounts as usual.
-    #[arg(long)]
-    lazy: bool,
+    /// For an image pulled with --lazy: mount it now, fetching each missing file from the registry when it is first opened (a server process serves the layer until the mount is gone). A complete image mounts as usual. `--lazy=on-demand` fetches only what is opened (and the prefetch list); see --lazy-fetch.
+    #[arg(long, value_enum, value_name = "FETCH", num_args = 0..=1, require_equals = true)]
+    lazy: Option<Option<lazy_mount::LazyFetch>>,
     #[command(flatten)]
     lazy_args: lazy_mount::LazyArgs,
     #[command(flatten)]
@@ -508,7 +508,8 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
         .with_context(|| format!("opening the store at {}", g.root.display()))?;
     // An incomplete image's data layer is served by a process of its own,
     // forked now, while this one holds no lock and has one thread.
-    let lazy = if args.lazy {
+    let lazy = if let Some(mode) = args.lazy {
+        let lazy_args = args.lazy_args.with_mode(mode)?;
         let (digest, _) = {
             let _lock = store.lock_shared().context("locking the store")?;
             store_cmds::resolve_into_store(&store, &args.image)?
@@ -523,7 +524,7 @@ fn mount(g: &Global, args: &MountArgs) -> Result<()> {
                 store.root(),
                 &digest,
                 &args.client.options(),
-                &args.lazy_args,
+                &lazy_args,
             )?;
             Some((digest, layer))
         } else {
@@ -650,5 +651,45 @@ mod tests {
         assert!(before.global.quiet && !before.global.json);
         let after = Cli::try_parse_from(["cairn", "ps", "-a", "--json"]).expect("--json after ps");
         assert!(after.global.json && !after.global.quiet);
+    }
+
+    /// `--lazy` alone, `--lazy=MODE`, and `--lazy` with `--lazy-fetch`:
+    /// the mode the lazy server gets, and the refusal of two that differ.
+    #[test]
+    fn lazy_takes_its_fetch_mode_after_an_equals_sign() {
+        use lazy_mount::LazyFetch::{self, Background, OnDemand};
+        let mode = |args: &[&str]| -> Result<LazyFetch, String> {
+            let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+            let Command::Mount(m) = cli.command else {
+                panic!("not a mount: {args:?}");
+            };
+            let lazy = m.lazy.ok_or("no --lazy")?;
+            let lazy_args = m.lazy_args.with_mode(lazy).map_err(|e| e.to_string())?;
+            Ok(lazy_args.fetch())
+        };
+        let m = |extra: &[&str]| {
+            let mut a = vec!["cairn", "mount"];
+            a.extend_from_slice(extra);
+            a.extend(["img", "/mnt"]);
+            mode(&a)
+        };
+        assert_eq!(m(&["--lazy"]), Ok(Background));
+        assert_eq!(m(&["--lazy=on-demand"]), Ok(OnDemand));
+        assert_eq!(m(&["--lazy=background"]), Ok(Background));
+        assert_eq!(m(&["--lazy", "--lazy-fetch", "on-demand"]), Ok(OnDemand));
+        assert_eq!(
+            m(&["--lazy=on-demand", "--lazy-fetch", "on-demand"]),
+            Ok(OnDemand)
+        );
+        let both = m(&["--lazy=on-demand", "--lazy-fetch", "background"]).unwrap_err();
+        assert!(both.contains("name different modes"), "{both}");
+        // No value without `=`: the image is not taken for a mode.
+        assert_eq!(m(&["--lazy"]), Ok(Background));
+        assert!(m(&["--lazy=sometimes"]).is_err());
+        // Without --lazy the mount is not lazy.
+        assert_eq!(m(&[]), Err("no --lazy".to_owned()));
+        // `cairn run` reads it the same way.
+        Cli::try_parse_from(["cairn", "run", "--lazy=on-demand", "img", "true"])
+            .expect("run --lazy=on-demand");
     }
 }

@@ -90,9 +90,9 @@ pub struct RunArgs {
     /// Remove the container's record when it exits (foreground containers always go).
     #[arg(long)]
     rm: bool,
-    /// For an image pulled with --lazy: start it now, fetching each missing file from the registry when it is first opened (a server process serves the files until the container's rootfs is gone). A complete image runs as usual.
-    #[arg(long)]
-    lazy: bool,
+    /// For an image pulled with --lazy: start it now, fetching each missing file from the registry when it is first opened (a server process serves the files until the container's rootfs is gone). A complete image runs as usual. `--lazy=on-demand` fetches only what is opened (and the prefetch list); see --lazy-fetch.
+    #[arg(long, value_enum, value_name = "FETCH", num_args = 0..=1, require_equals = true)]
+    lazy: Option<Option<crate::lazy_mount::LazyFetch>>,
     #[command(flatten)]
     lazy_args: crate::lazy_mount::LazyArgs,
     #[command(flatten)]
@@ -466,9 +466,10 @@ fn lazy_layer(
     args: &RunArgs,
     spec: &mut RunSpec,
 ) -> Result<Option<crate::lazy_mount::LazyLayer>> {
-    if !args.lazy {
+    let Some(mode) = args.lazy else {
         return Ok(None);
-    }
+    };
+    let lazy_args = args.lazy_args.with_mode(mode)?;
     if args.listen.is_some() {
         bail!("--lazy and --listen together are not supported yet");
     }
@@ -497,7 +498,7 @@ fn lazy_layer(
         store.root(),
         &digest,
         &args.client.options(),
-        &args.lazy_args,
+        &lazy_args,
     )?;
     spec.data_layer = Some(layer.path().to_path_buf());
     // The store's objects before the lazy layer, except while recording a

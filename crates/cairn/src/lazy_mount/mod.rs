@@ -73,12 +73,22 @@ pub(crate) enum LazyFetch {
     OnDemand,
 }
 
+impl LazyFetch {
+    /// The name the command line gives it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            LazyFetch::Background => "background",
+            LazyFetch::OnDemand => "on-demand",
+        }
+    }
+}
+
 /// The options of `--lazy` (mount and run).
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct LazyArgs {
-    /// With --lazy: once serving, fetch the image's prefetch list in the background, then the rest of the image in pack order (background), or nothing beyond the list and what is opened (on-demand).
-    #[arg(long, value_enum, default_value = "background")]
-    pub lazy_fetch: LazyFetch,
+    /// With --lazy: once serving, fetch the image's prefetch list in the background, then the rest of the image in pack order (background, the default), or nothing beyond the list and what is opened (on-demand). `--lazy=on-demand` says the same.
+    #[arg(long, value_enum)]
+    pub lazy_fetch: Option<LazyFetch>,
     /// With --lazy: an open of a missing file fails with EIO after this long without its data (e.g. 30s, 500ms, 2m; a bare number is seconds).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub fetch_timeout: Duration,
@@ -96,12 +106,36 @@ pub(crate) struct LazyArgs {
 impl Default for LazyArgs {
     fn default() -> Self {
         LazyArgs {
-            lazy_fetch: LazyFetch::Background,
+            lazy_fetch: None,
             fetch_timeout: Duration::from_secs(30),
             coalesce: cairn_remote::DEFAULT_COALESCE,
             record_prefetch: None,
             no_passthrough: false,
         }
+    }
+}
+
+impl LazyArgs {
+    /// What is fetched besides what is opened.
+    pub(crate) fn fetch(&self) -> LazyFetch {
+        self.lazy_fetch.unwrap_or_default()
+    }
+
+    /// These options with the mode `--lazy=MODE` names, if it names one
+    /// (`--lazy=on-demand` is `--lazy --lazy-fetch on-demand`); the two
+    /// naming different modes is an error.
+    pub(crate) fn with_mode(&self, lazy: Option<LazyFetch>) -> anyhow::Result<LazyArgs> {
+        let mut out = self.clone();
+        match (lazy, self.lazy_fetch) {
+            (Some(a), Some(b)) if a != b => anyhow::bail!(
+                "--lazy={} and --lazy-fetch {} name different modes: give one",
+                a.name(),
+                b.name()
+            ),
+            (Some(a), _) => out.lazy_fetch = Some(a),
+            (None, _) => {}
+        }
+        Ok(out)
     }
 }
 
@@ -498,10 +532,7 @@ impl cairn_snapshotter::LazyMounter for ChainMounter {
             .arg(root)
             .args(["mount", "--lazy", "--no-passthrough", "--verity", "off"])
             .arg("--lazy-fetch")
-            .arg(match self.lazy_fetch {
-                LazyFetch::Background => "background",
-                LazyFetch::OnDemand => "on-demand",
-            })
+            .arg(self.lazy_fetch.name())
             .arg("--fetch-timeout")
             .arg(format!("{}ms", self.fetch_timeout.as_millis()))
             .arg("--coalesce")

@@ -355,7 +355,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
     let v2 = matches!(remote.as_ref().map(|s| &s.remote), Some(Remote::Artifact(r)) if r.prefetch_names_chunks());
     if v2 {
         let (source, bg) = (remote.clone().expect("checked"), mount.background());
-        let all = settings.lazy.lazy_fetch == LazyFetch::Background;
+        let all = settings.lazy.fetch() == LazyFetch::Background;
         let spawned = std::thread::Builder::new()
             .name("cairn-list-chunks".into())
             .spawn(move || {
@@ -396,7 +396,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
             let bg = mount.background();
             let owned = digest.to_owned();
             let client = settings.client.clone();
-            let all = settings.lazy.lazy_fetch == LazyFetch::Background;
+            let all = settings.lazy.fetch() == LazyFetch::Background;
             let (store, source) = (store.clone(), source.clone());
             let first = served.first.clone();
             let spawned = std::thread::Builder::new()
@@ -490,7 +490,7 @@ fn exec_worker(served: &Served, exe: &Path) -> io::Error {
         digest: served.digest.clone(),
         dir: served.dir.clone(),
         attached: served.attached.is_some(),
-        on_demand: s.lazy.lazy_fetch == LazyFetch::OnDemand,
+        on_demand: s.lazy.fetch() == LazyFetch::OnDemand,
         fetch_timeout_ms: s.lazy.fetch_timeout.as_millis() as u64,
         coalesce: s.lazy.coalesce,
         record_prefetch: s.lazy.record_prefetch.clone(),
@@ -640,11 +640,11 @@ pub(super) fn lazy_worker() -> Result<i32> {
         digest: spec.digest,
         settings: Settings {
             lazy: LazyArgs {
-                lazy_fetch: if spec.on_demand {
+                lazy_fetch: Some(if spec.on_demand {
                     LazyFetch::OnDemand
                 } else {
                     LazyFetch::Background
-                },
+                }),
                 fetch_timeout,
                 coalesce: spec.coalesce,
                 record_prefetch: spec.record_prefetch,
