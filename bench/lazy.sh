@@ -16,8 +16,9 @@
 # what the registry sent, TCP/IP headers included). Then, on the unshaped
 # link, steady-state reads: the files the command opened, read again
 # through a lazy mount of the lazy store (fetched, so read from the store directly) against
-# the same files of a full pull's mount, cold and warm; and the lazy
-# server's peak RSS (VmHWM) after that.
+# the same files of a full pull's mount, cold and warm; and the peak RSS
+# (VmHWM) after that of the lazy server's worker (the process that serves)
+# and of its supervisor.
 #
 #   sudo bench/lazy.sh [--runs 3] [--only python,linux,model] [--links shaped,unshaped]
 #       [--model-size 256M] [--cairn BIN] [--out bench/results/lazy.md]
@@ -500,13 +501,25 @@ else:
 EOF
 )
 sample_steady() {
-  local img=$1 lazy=$last_lazy full ref_pf=$registry/bench/$1-pf:1 pid rep mnt set label
+  local img=$1 lazy=$last_lazy full ref_pf=$registry/bench/$1-pf:1 supervisor worker rep mnt set label
   fresh "full-$img"
   full=$fresh_dir
   "$cairn" --root "$full/store" -q pull "$ref_pf"
   mkdir -p "$full/mnt" "$lazy/mnt"
   "$cairn" --root "$full/store" -q mount "$ref_pf" "$full/mnt"
-  pid=$("$cairn" --root "$lazy/store" --json mount --lazy --lazy-fetch on-demand "$ref_pf" "$lazy/mnt" | jq -r '.lazy_server // empty')
+  # `lazy_server` is the supervisor (one thread, holds /dev/fuse, serves
+  # nothing); the worker it forks serves, and `cairn lazy list` names it.
+  supervisor=$("$cairn" --root "$lazy/store" --json mount --lazy --lazy-fetch on-demand "$ref_pf" "$lazy/mnt" | jq -r '.lazy_server // empty')
+  # (The supervisor notes its worker just after forking it: a few tries.)
+  worker=""
+  if [ -n "$supervisor" ]; then
+    for _ in $(seq 1 50); do
+      worker=$("$cairn" --root "$lazy/store" lazy list --json |
+        jq -r --argjson s "$supervisor" '.[] | select(.supervisor == $s) | .worker')
+      [ -z "$worker" ] || break
+      sleep 0.1
+    done
+  fi
   "$cairn" --root "$lazy/store" dump "$ref_pf" >"$run_dir/$img.dump"
   "$py" - "$run_dir/$img.dump" "$run_dir/$img.prefetch" "$lazy/store/objects" "$run_dir/$img.stored" "$run_dir/$img.inpart" <<'EOF'
 import os, re, sys
@@ -543,9 +556,10 @@ EOF
     # figure swung between 0.78x and 1.02x from one run to the next).
     "$py" - "$label" "$run_dir/$img.$set" warm "$steady_warm" local "$full/mnt" lazy "$lazy/mnt" <<<"$steady_py" >>"$steady"
   done
-  local hwm=""
-  [ -z "$pid" ] || hwm=$(awk '/^VmHWM/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)
-  printf 'server %s\t%s KiB peak RSS (VmHWM) of the lazy server after reading its files %s times\n' "$img" "${hwm:-?}" "$((7 + 1 + steady_warm)) (each set)" >>"$run_dir/meta.tsv"
+  local hwm="" sup_hwm=""
+  [ -z "$worker" ] || hwm=$(awk '/^VmHWM/ { print $2 }' "/proc/$worker/status" 2>/dev/null || true)
+  [ -z "$supervisor" ] || sup_hwm=$(awk '/^VmHWM/ { print $2 }' "/proc/$supervisor/status" 2>/dev/null || true)
+  printf "server %s\t%s KiB peak RSS (VmHWM) of the lazy server's worker (its supervisor: %s KiB) after reading its files %s times\n" "$img" "${hwm:-?}" "${sup_hwm:-?}" "$((7 + 1 + steady_warm)) (each set)" >>"$run_dir/meta.tsv"
   "$cairn" --root "$lazy/store" -q umount "$lazy/mnt"
   "$cairn" --root "$full/store" -q umount "$full/mnt"
 }

@@ -35,21 +35,39 @@
 //! # Memory bound
 //!
 //! With `w` = [`ServeOptions::workers`], `f` = [`ServeOptions::max_fetches`]
-//! and `n` = [`ServeOptions::max_nodes`], the server holds at most
-//! `w × (REQUEST_BUFFER + 128 KiB)` of buffers (one request buffer and at
-//! most one READ reply per worker), `n` object nodes (about 100 bytes each,
-//! plus one open file per open handle, which the kernel's opens bound), one
-//! flight per object being fetched (with a small waiter per open waiting
-//! for it), and `1 + f` threads beyond the workers (the deadline timer and
-//! the fetch threads, each streaming into a staged file with no buffer of
-//! its own). Nothing grows with an object's size. The constants are in
-//! [`REQUEST_BUFFER`] and `server::MAX_READ`. Large missing objects read
-//! chunk by chunk (`partial`) add at most 8 staging files (on disk) and
-//! 8 threads, each holding one chunk (at most 16 MiB; 1 MiB with cairn's
-//! artifacts) while it is fetched and checked, plus a few bytes per chunk
-//! of state and one timer thread. Each thread that has decompressed a
-//! frame of cairn's packs keeps one zstd context (about 96 KiB) for the
-//! next (`cairn_remote`'s `unzstd_exact`): at most `f + 8` of them.
+//! and `n` = [`ServeOptions::max_nodes`], the server holds:
+//!
+//! - `w × (REQUEST_BUFFER + 2 × 128 KiB)` of buffers: a request buffer per
+//!   worker, and for a READ the bytes read and the reply carrying them
+//!   (`server::MAX_READ` each);
+//! - at most `n` object nodes, each an entry in two hash tables (72 and 40
+//!   bytes and a control byte), at most 7/8 full and doubled as they grow,
+//!   the old table alive while the new one fills: at most 400 bytes a
+//!   node, 400 MiB at the default `n` = 2^20. With a journal
+//!   ([`ServeOptions::resumable`]) the objects served are a fixed list, so
+//!   the nodes are also at most its length, and the list costs 32 bytes an
+//!   object (the journal itself is a memory file, never mapped);
+//! - a handle per open file, and per open waiting for a fetch a flight
+//!   (one per object being fetched) and a boxed waiter: under 0.5 KiB
+//!   each, as many as the kernel sends;
+//! - at most `f` fetch threads: the server's part of a fetch is a staged
+//!   file on disk and the stager's hasher (a 4 KiB block per level of the
+//!   Merkle tree); what the source holds while it fetches comes on top
+//!   (cairn's: one range request's buffer, at most `max(coalesce, 4 MiB)`,
+//!   one decompressed frame of at most 1 MiB, one zstd context of about
+//!   96 KiB kept per thread by `cairn_remote`'s `unzstd_exact`);
+//! - large missing objects read chunk by chunk (`partial`): at most
+//!   8 staging files (on disk) and 8 threads, each holding one chunk as the
+//!   source returns it (at most 16 MiB; cairn's: its frame, at most 2 MiB
+//!   and 4 KiB, and the 1 MiB it decompresses to) while it is fetched and
+//!   checked, a 1 MiB copy buffer while publishing, the READ replies it
+//!   sends, and 25 bytes of state per chunk of its object; one more timer
+//!   thread.
+//!
+//! Nothing here grows with an object's size but the partials' per-chunk
+//! state. What `cairn` adds (the image's parse and index, the background
+//! walk's lists) and the resulting bound on a lazy server's resident
+//! memory are in `docs/lazy-fuse.md` ("The memory bound, measured").
 
 #![deny(unsafe_code)]
 
@@ -237,13 +255,15 @@ pub struct ServeOptions {
     /// How long an open waits for a missing object before it fails with
     /// `EIO` (a later open tries again).
     pub fetch_timeout: Duration,
-    /// Fetches running at once (threads; each holds no buffer of its own).
+    /// Fetches running at once (threads; each holds no buffer of the
+    /// server's, only what the source holds while it fetches).
     pub max_fetches: usize,
     /// Of those, at most this many for background fetches
     /// ([`FuseMount::background`]); the rest stay free for opens.
     pub max_background_fetches: usize,
     /// Objects the kernel may hold at once (inodes it looked up and has not
-    /// forgotten); a lookup past it fails with `ENFILE`.
+    /// forgotten); a lookup past it fails with `ENFILE`. Each costs at most
+    /// 400 bytes (the crate's "Memory bound").
     pub max_nodes: usize,
     /// The mount's source, as mountinfo shows it (name the image served).
     pub source_name: String,
