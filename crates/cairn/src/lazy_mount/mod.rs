@@ -413,6 +413,13 @@ impl LazyLayer {
                 return Err(e).with_context(|| format!("creating {}", log_path.display()));
             }
         };
+        // The image's parse is freed by now, but mimalloc keeps freed
+        // pages for reuse, and both forks (supervisor and worker) would
+        // carry them for their whole life: about 0.9 KiB an entry, 91 MiB
+        // for 100,000 files. Give them back first (8 ms for that image).
+        // SAFETY: mi_collect frees only pages the allocator holds unused;
+        // it touches no live allocation and may be called at any time.
+        unsafe { libmimalloc_sys::mi_collect(true) };
         // SAFETY: this process has one thread (checked above), so the
         // child is a whole copy of it and may do anything the parent could;
         // it never returns into the caller (it ends in `exit`).
