@@ -948,6 +948,19 @@ fn pack_ranges(fake: &FakeServer, packs: &[String]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The test set published from store `a` with 256 KiB packs (as
+/// [`published`]): the digests of its packs, as the artifact the
+/// registry serves lists them.
+fn published_packs(reg: &LocalRegistry, a: &Path) -> Vec<String> {
+    let push = published(reg, a, "256K");
+    let artifact_digest = push["artifact_digest"].as_str().unwrap();
+    let (bytes, _) = served_manifest(reg, "lazy/set", artifact_digest);
+    pack_layers(&serde_json::from_slice(&bytes).unwrap())
+        .into_iter()
+        .map(|p| p.0)
+        .collect()
+}
+
 /// The registry's answer to `req` cut off after half its body (the
 /// connection closed with the Content-Length not reached); an upstream
 /// answer that is not a 206 with a body to cut is noted in `bad`.
@@ -1011,13 +1024,7 @@ fn broken_range_requests_are_retried_and_the_fetch_completes() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a");
     let b = dir.path().join("b");
-    let push = published(&reg, &a, "256K");
-    let artifact_digest = push["artifact_digest"].as_str().unwrap();
-    let (bytes, _) = served_manifest(&reg, "lazy/set", artifact_digest);
-    let packs: Vec<String> = pack_layers(&serde_json::from_slice(&bytes).unwrap())
-        .into_iter()
-        .map(|p| p.0)
-        .collect();
+    let packs = published_packs(&reg, &a);
     // Where the requests for single-frame objects and for chunks start,
     // from the artifact's index (a lazy pull straight from the registry).
     let (singles, chunks) = {
@@ -1130,13 +1137,7 @@ fn a_range_request_that_always_fails_gives_up_naming_the_blob() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a");
     let b = dir.path().join("b");
-    let push = published(&reg, &a, "256K");
-    let artifact_digest = push["artifact_digest"].as_str().unwrap();
-    let (bytes, _) = served_manifest(&reg, "lazy/set", artifact_digest);
-    let packs: Vec<String> = pack_layers(&serde_json::from_slice(&bytes).unwrap())
-        .into_iter()
-        .map(|p| p.0)
-        .collect();
+    let packs = published_packs(&reg, &a);
     let bad: Arc<Mutex<Vec<String>>> = Arc::default();
     let fake = {
         let (upstream, packs, bad) = (reg.addr.clone(), packs.clone(), bad.clone());
