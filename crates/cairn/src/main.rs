@@ -499,7 +499,9 @@ struct MountReport {
     objects: PathBuf,
     upper: String,
     idmap: Option<String>,
-    /// The process serving an incomplete image's data layer (`--lazy`).
+    /// The supervisor of the processes serving an incomplete image's data
+    /// layer (`--lazy`): it holds the FUSE connection; its worker, which
+    /// serves, is in `cairn lazy list`.
     lazy_server: Option<i32>,
 }
 
