@@ -625,12 +625,182 @@ fn ctr_pull_and_run(v: Ctd) {
         "chain mounts: {:?}",
         chain_mounts(&store)
     );
+
+    usage_through_containerd(&ds);
+
+    // Cleanup through containerd: its gc calls the proxy snapshotter's
+    // Cleanup after it removed snapshots. Only Cleanup removes snapshot
+    // directories no record names and `containerd-snapshot-*` refs no
+    // committed snapshot holds, and the snapshotter is not restarted: the
+    // orphan planted here goes only through a Cleanup over gRPC (the one
+    // after the image's removal, or one after `usage-probe`'s: containerd
+    // runs its gc in the background).
+    let refs = store.join("refs");
+    let snapshot_refs = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&refs)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("containerd-snapshot-"))
+            .collect();
+        v.sort();
+        v
+    };
+    let live = snapshot_refs();
+    assert_eq!(live.len(), 5, "one ref per committed layer: {live:?}");
+    let orphan = store.join("snapshots/987654321");
+    std::fs::create_dir_all(orphan.join("fs/etc")).unwrap();
+    std::fs::write(orphan.join("fs/etc/left-behind"), b"x").unwrap();
+    let stale = refs.join("containerd-snapshot-987654321");
+    std::fs::copy(refs.join(&live[0]), &stale).unwrap();
     wait_for_image_removal(&ds, &[&reference]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while orphan.exists() || stale.exists() || !snapshot_refs().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "containerd's gc did not get cairn's Cleanup to remove the orphan \
+             directory ({}) and the refs of removed snapshots ({:?})\nsnapshotter log:\n{}",
+            orphan.exists(),
+            snapshot_refs(),
+            ds.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(
         chain_mounts(&store),
         Vec::<String>::new(),
         "chain images left mounted after the image's removal"
     );
+    cairn_ok_at(&store, &["fsck"]);
+}
+
+/// `ctr snapshots --snapshotter cairn usage -b [keys]`: key, bytes, inodes.
+fn usage_rows(ds: &Daemons, keys: &[&str]) -> Vec<(String, i64, i64)> {
+    let mut args = vec!["snapshots", "--snapshotter", "cairn", "usage", "-b"];
+    args.extend(keys);
+    let out = ds.ctr(&args);
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(header, ["KEY", "SIZE", "INODES"], "{out}");
+    lines
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 3, "{out}");
+            (
+                f[0].to_owned(),
+                f[1].parse().unwrap_or_else(|e| panic!("{e}: {out}")),
+                f[2].parse().unwrap_or_else(|e| panic!("{e}: {out}")),
+            )
+        })
+        .collect()
+}
+
+/// Usage through containerd (`ctr snapshots usage`, which calls the
+/// snapshotter's Usage for each snapshot): every committed layer of the
+/// test image reports its tar's bytes and entries, and an active snapshot
+/// on the image grows by what is written into its mount (its upper
+/// directory is what cairn counts).
+fn usage_through_containerd(ds: &Daemons) {
+    let listed = ds.ctr(&["snapshots", "--snapshotter", "cairn", "ls"]);
+    let rows = snapshot_rows(&listed);
+    let committed: BTreeSet<&str> = rows
+        .iter()
+        .filter(|r| r.last() == Some(&"Committed"))
+        .map(|r| r[0])
+        .collect();
+    assert_eq!(committed.len(), 5, "the image's five layers: {listed}");
+    let usage: std::collections::BTreeMap<String, (i64, i64)> = usage_rows(ds, &[])
+        .into_iter()
+        .map(|(k, s, i)| (k, (s, i)))
+        .collect();
+    assert_eq!(
+        usage.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        committed,
+        "usage lists every snapshot: {usage:?}\n{listed}"
+    );
+    for (k, (size, inodes)) in &usage {
+        assert!(
+            *size > 0 && *inodes > 0,
+            "{k}: {size} bytes, {inodes} inodes"
+        );
+    }
+    // The top layer (no snapshot's parent) holds busybox: its tar is at
+    // least that big.
+    let top = *committed
+        .iter()
+        .find(|k| !rows.iter().any(|r| r.len() == 3 && r[1] == **k))
+        .unwrap_or_else(|| panic!("no top layer: {listed}"));
+    let busybox = std::fs::metadata("/bin/busybox").unwrap().len() as i64;
+    assert!(
+        usage[top].0 >= busybox && usage[top].1 >= 3,
+        "top layer {top}: {:?}, busybox is {busybox} bytes",
+        usage[top]
+    );
+    // The same numbers when asked for one key.
+    let one = usage_rows(ds, &[top]);
+    assert_eq!(one, vec![(top.to_owned(), usage[top].0, usage[top].1)]);
+
+    // An active snapshot on the image: empty at first, then 1 MiB more
+    // (and two more inodes) once a directory with a 1 MiB file is written
+    // through its overlay mount.
+    ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "prepare",
+        "usage-probe",
+        top,
+    ]);
+    let active = |ds: &Daemons| {
+        let u = usage_rows(ds, &["usage-probe"]);
+        assert_eq!(u.len(), 1, "{u:?}");
+        (u[0].1, u[0].2)
+    };
+    let (size0, inodes0) = active(ds);
+    assert!(
+        (0..=64 * 1024).contains(&size0) && (0..=2).contains(&inodes0),
+        "a fresh active snapshot uses {size0} bytes, {inodes0} inodes"
+    );
+    let mnt = ds.dir.path().join("mnt-usage-probe");
+    std::fs::create_dir(&mnt).unwrap();
+    let mount = ds.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "cairn",
+        "mounts",
+        mnt.to_str().unwrap(),
+        "usage-probe",
+    ]);
+    assert!(mount.contains("upperdir="), "{mount}");
+    let o = Command::new("sh").arg("-c").arg(&mount).output().unwrap();
+    assert!(o.status.success(), "{mount}: {o:?}");
+    assert!(
+        mnt.join("busybox/busybox").is_file(),
+        "the image under {mount}"
+    );
+    const MIB: i64 = 1 << 20;
+    std::fs::create_dir(mnt.join("grown")).unwrap();
+    let data: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8 + 1).collect();
+    let mut f = std::fs::File::create(mnt.join("grown/one-mib")).unwrap();
+    std::io::Write::write_all(&mut f, &data).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    rustix::mount::unmount(&mnt, rustix::mount::UnmountFlags::empty()).unwrap();
+    let (size1, inodes1) = active(ds);
+    assert!(
+        size1 - size0 >= MIB && size1 - size0 < 2 * MIB,
+        "1 MiB written: usage {size0} -> {size1} bytes"
+    );
+    assert!(
+        inodes1 - inodes0 >= 2,
+        "a directory and a file written: {inodes0} -> {inodes1} inodes"
+    );
+    // Committed layers are unchanged by it.
+    assert_eq!(usage_rows(ds, &[top])[0].1, usage[top].0);
+    ds.ctr(&["snapshots", "--snapshotter", "cairn", "rm", "usage-probe"]);
 }
 
 /// The owners, mode bits (setuid, setgid, sticky) and xattrs the test
