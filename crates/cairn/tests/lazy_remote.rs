@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use fake::{FakeServer, Reply, Request};
 use serde_json::Value;
+use support::artifact::{pack_layers, served_manifest};
 use support::images::ImageSet;
 use support::proxy::SlowProxy;
 use support::registry::LocalRegistry;
@@ -79,38 +80,6 @@ fn published(reg: &LocalRegistry, a: &Path, pack_size: &str) -> Value {
 fn sha256_digest(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
-}
-
-/// The manifest `reference` (tag or digest) of `repo` as the registry
-/// serves it: its bytes and Content-Type.
-fn served_manifest(reg: &LocalRegistry, repo: &str, reference: &str) -> (Vec<u8>, String) {
-    let resp = ureq::get(&format!(
-        "http://{}/v2/{repo}/manifests/{reference}",
-        reg.addr
-    ))
-    .set("Accept", "application/vnd.oci.image.manifest.v1+json")
-    .call()
-    .unwrap();
-    let content_type = resp.header("Content-Type").unwrap_or_default().to_string();
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut resp.into_reader(), &mut bytes).unwrap();
-    (bytes, content_type)
-}
-
-/// (digest, size) of each pack layer of an artifact manifest, in order.
-fn pack_layers(manifest: &Value) -> Vec<(String, u64)> {
-    manifest["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.pack")
-        .map(|l| {
-            (
-                l["digest"].as_str().unwrap().to_string(),
-                l["size"].as_u64().unwrap(),
-            )
-        })
-        .collect()
 }
 
 #[test]
@@ -392,24 +361,9 @@ fn wrong_bytes_from_the_registry_are_refused_and_named() {
     let b = dir.path().join("b");
     let push = published(&reg, &a, "256K");
     let artifact = push["artifact_digest"].as_str().unwrap();
-    let manifest: Value = serde_json::from_reader(
-        ureq::get(&format!(
-            "http://{}/v2/lazy/set/manifests/{artifact}",
-            reg.addr
-        ))
-        .set("Accept", "application/vnd.oci.image.manifest.v1+json")
-        .call()
-        .unwrap()
-        .into_reader(),
-    )
-    .unwrap();
-    let packs: Vec<String> = manifest["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.pack")
-        .map(|l| l["digest"].as_str().unwrap().to_string())
-        .collect();
+    let (bytes, _) = served_manifest(&reg, "lazy/set", artifact);
+    let manifest: Value = serde_json::from_slice(&bytes).unwrap();
+    let packs: Vec<String> = pack_layers(&manifest).into_iter().map(|p| p.0).collect();
     let reference = reg.reference("lazy/set:full");
     let pulled = json(&b, &["pull", "--lazy", &reference]);
     let digest = pulled["image_digest"].as_str().unwrap().to_string();

@@ -17,6 +17,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use support::artifact::{pack_layers, served_manifest};
 use support::images::{random_bytes, text, Tar};
 use support::range_proxy::RangeProxy;
 use support::registry::LocalRegistry;
@@ -129,24 +130,14 @@ fn privileged_lazy_large_file_is_read_chunk_by_chunk() {
         cairn_store::fsverity_digest(&tiny[..]).unwrap(),
     );
     let (other_pack, tiny_pack) = {
-        let artifact: serde_json::Value = serde_json::from_reader(
-            ureq::get(&format!(
-                "http://{}/v2/lazy/chunks/manifests/{}",
-                reg.addr,
-                push["artifact_digest"].as_str().unwrap()
-            ))
-            .set("Accept", "application/vnd.oci.image.manifest.v1+json")
-            .call()
-            .unwrap()
-            .into_reader(),
-        )
-        .unwrap();
-        let packs: Vec<String> = artifact["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|l| l["mediaType"] == "application/vnd.cairn.lazy.v1.pack")
-            .map(|l| l["digest"].as_str().unwrap().to_string())
+        let (bytes, _) = served_manifest(
+            &reg,
+            "lazy/chunks",
+            push["artifact_digest"].as_str().unwrap(),
+        );
+        let packs: Vec<String> = pack_layers(&serde_json::from_slice(&bytes).unwrap())
+            .into_iter()
+            .map(|p| p.0)
             .collect();
         let store = cairn_store::Store::open(&b).unwrap();
         let client = cairn_oci::ClientOptions {

@@ -10,6 +10,7 @@
 #[path = "../../../oci/tests/common/registry.rs"]
 pub mod registry;
 
+pub mod artifact;
 pub mod containerd;
 pub mod estargz;
 pub mod images;
