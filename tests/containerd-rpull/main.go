@@ -9,6 +9,9 @@
 //
 // Usage: rpull ADDRESS NAMESPACE SNAPSHOTTER REF (plain HTTP to the registry)
 //
+// With RPULL_USER and RPULL_PASSWORD in the environment the resolver
+// authenticates with those credentials (basic, or a token they buy).
+//
 // With RPULL_NO_MANIFEST_DIGEST=1 in the environment the layers lose the
 // containerd.io/snapshot/cri.manifest-digest label again (as from a client
 // that does not set it).
@@ -40,8 +43,14 @@ func main() {
 	}
 	defer client.Close()
 	ctx := namespaces.WithNamespace(context.Background(), ns)
+	hostOpts := []docker.RegistryOpt{docker.WithPlainHTTP(docker.MatchAllHosts)}
+	if user, pass := os.Getenv("RPULL_USER"), os.Getenv("RPULL_PASSWORD"); user != "" && pass != "" {
+		hostOpts = append(hostOpts, docker.WithAuthorizer(docker.NewDockerAuthorizer(
+			docker.WithAuthCreds(func(string) (string, string, error) { return user, pass, nil }),
+		)))
+	}
 	resolver := docker.NewResolver(docker.ResolverOptions{
-		Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchAllHosts)),
+		Hosts: docker.ConfigureDefaultRegistries(hostOpts...),
 	})
 	wrap := snpkg.AppendInfoHandlerWrapper(ref)
 	if os.Getenv("RPULL_NO_MANIFEST_DIGEST") == "1" {

@@ -181,6 +181,8 @@ use support::snapshotter::{
     push_lazy_artifact, Ctd, CAP_NET_RAW_EP, CONTAINERD2_BIN, OCI_MANIFEST, REPO, TAG,
 };
 
+#[path = "privileged_snapshotter/fallback.rs"]
+mod fallback;
 
 /// containerd and `cairn snapshotter`, on their own root, state and
 /// sockets under one temporary directory; stopped, and everything they

@@ -9,6 +9,9 @@
 // (go.mod one directory up) by crates/cairn/tests/privileged_snapshotter.rs.
 //
 // Usage: rpull ADDRESS NAMESPACE SNAPSHOTTER REF (plain HTTP to the registry)
+//
+// With RPULL_USER and RPULL_PASSWORD in the environment the resolver
+// authenticates with those credentials (basic, or a token they buy).
 package main
 
 import (
@@ -35,8 +38,14 @@ func main() {
 	}
 	defer client.Close()
 	ctx := namespaces.WithNamespace(context.Background(), ns)
+	hostOpts := []docker.RegistryOpt{docker.WithPlainHTTP(docker.MatchAllHosts)}
+	if user, pass := os.Getenv("RPULL_USER"), os.Getenv("RPULL_PASSWORD"); user != "" && pass != "" {
+		hostOpts = append(hostOpts, docker.WithAuthorizer(docker.NewDockerAuthorizer(
+			docker.WithAuthCreds(func(string) (string, string, error) { return user, pass, nil }),
+		)))
+	}
 	resolver := docker.NewResolver(docker.ResolverOptions{
-		Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchAllHosts)),
+		Hosts: docker.ConfigureDefaultRegistries(hostOpts...),
 	})
 	img, err := client.Pull(ctx, ref,
 		containerd.WithResolver(resolver),
