@@ -183,6 +183,8 @@ use support::snapshotter::{
 
 #[path = "privileged_snapshotter/fallback.rs"]
 mod fallback;
+#[path = "privileged_snapshotter/readme_config.rs"]
+mod readme_config;
 
 /// containerd and `cairn snapshotter`, on their own root, state and
 /// sockets under one temporary directory; stopped, and everything they
