@@ -909,7 +909,7 @@ fn usage_through_containerd(ds: &Daemons) {
         mnt.to_str().unwrap(),
         "usage-probe",
     ]);
-    assert!(mount.contains("upperdir="), "{mount}");
+    check_rootfs_mount(ds, &mount, top);
     let o = Command::new("sh").arg("-c").arg(&mount).output().unwrap();
     assert!(o.status.success(), "{mount}: {o:?}");
     assert!(
@@ -936,6 +936,75 @@ fn usage_through_containerd(ds: &Daemons) {
     // Committed layers are unchanged by it.
     assert_eq!(usage_rows(ds, &[top])[0].1, usage[top].0);
     ds.ctr(&["snapshots", "--snapshotter", "cairn", "rm", "usage-probe"]);
+}
+
+/// What containerd is given for a container's root filesystem on the
+/// committed snapshot `parent` (`ctr snapshots mounts`, printed as a
+/// `mount` command): one `overlay` whose upper and work directories are
+/// the snapshot's and whose only lower directory is the parent's chain
+/// mount, itself (the second overlay level) a read-only overlay mounted by
+/// the snapshotter like `cairn mount`: the chain's EROFS image as a lower
+/// layer (by fd, `lowerdir+`), the store's objects as its data-only layer
+/// (`datadir+`), metacopy on, the mount's source naming the image file.
+fn check_rootfs_mount(ds: &Daemons, mount: &str, parent: &str) {
+    let store = ds.dir.path().join("store");
+    let (cmd, opts) = mount
+        .trim()
+        .rsplit_once(" -o ")
+        .unwrap_or_else(|| panic!("no options: {mount}"));
+    assert!(cmd.starts_with("mount -t overlay overlay "), "{mount}");
+    let opts: Vec<&str> = opts.split(',').collect();
+    let opt = |k: &str| -> &str {
+        let v: Vec<&str> = opts.iter().filter_map(|o| o.strip_prefix(k)).collect();
+        assert_eq!(v.len(), 1, "one {k} in {mount}");
+        v[0]
+    };
+    assert!(opts.contains(&"index=off"), "{mount}");
+    let upper = Path::new(opt("upperdir="));
+    let work = Path::new(opt("workdir="));
+    assert!(
+        upper.starts_with(store.join("snapshots"))
+            && upper.ends_with("fs")
+            && work.parent() == upper.parent()
+            && work.ends_with("work"),
+        "upper and work directories of the snapshot's own: {mount}"
+    );
+    let lower = opt("lowerdir=");
+    assert!(!lower.contains(':'), "one lower directory: {mount}");
+    let chains = store.join("snapshots/chains");
+    assert_eq!(
+        Path::new(lower).parent(),
+        Some(chains.as_path()),
+        "the lower directory is a chain mount: {mount}"
+    );
+    // The chain mount, in the mount table (the usage probe's own
+    // Prepare mounted it, if no container had).
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = mi
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(lower))
+        .unwrap_or_else(|| panic!("{lower} (the chain of {parent}) is not mounted"));
+    let (_, after) = line.split_once(" - ").unwrap();
+    let f: Vec<&str> = after.split(' ').collect();
+    let (fstype, source, superopts) = (f[0], f[1], f[2]);
+    assert_eq!(fstype, "overlay", "{line}");
+    let image = Path::new(lower).file_name().unwrap();
+    assert_eq!(
+        Path::new(source),
+        store.join("images").join(image),
+        "the chain mount's source names its image file: {line}"
+    );
+    let superopts: Vec<&str> = superopts.split(',').collect();
+    for want in ["ro", "metacopy=on", "redirect_dir=on"] {
+        assert!(superopts.contains(&want), "{want} in {line}");
+    }
+    for want in ["lowerdir+=", "datadir+="] {
+        assert_eq!(
+            superopts.iter().filter(|o| o.starts_with(want)).count(),
+            1,
+            "one {want} in {line}"
+        );
+    }
 }
 
 /// The owners, mode bits (setuid, setgid, sticky) and xattrs the test
