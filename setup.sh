@@ -28,6 +28,7 @@ PACKAGES=(
   attr acl          # getfattr/setfattr, getfacl/setfacl
   e2fsprogs         # mkfs.ext4 (--upper disk:SIZE), chattr (benchmarks)
   hyperfine         # ad-hoc timing
+  socat jq          # bench/lazy.sh: its shaped link and cairn's --json reports
   python3 python3-matplotlib  # bench helpers and plots
   debootstrap       # builds the Debian benchmark tree
   shellcheck        # lints the shell scripts in test.sh
