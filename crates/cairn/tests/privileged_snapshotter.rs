@@ -178,7 +178,7 @@ use std::time::{Duration, Instant};
 use support::registry::LocalRegistry;
 use support::snapshotter::{
     build_go, build_go_module, build_rpull, cairn_ok_at, manifest_at, manifest_of, push_image,
-    push_lazy_artifact, Ctd, CAP_NET_RAW_EP, CONTAINERD2_BIN, OCI_MANIFEST, REPO, TAG,
+    push_lazy_artifact, Ctd, CAP_NET_RAW_EP, CONTAINERD2_BIN, REPO, TAG,
 };
 
 #[path = "privileged_snapshotter/fallback.rs"]
@@ -374,12 +374,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
     /// is what the tests compare. The mount point (`/.cairn-out`) is made
     /// in the container's upper directory, outside what the scripts list.
     fn run_script(&self, sn: &str, image: &str, id: &str, shell: &[&str], script: &str) -> String {
-        let out = self.dir.path().join(format!("out-{id}"));
-        std::fs::create_dir(&out).unwrap();
-        let mount = format!(
-            "type=bind,src={},dst=/.cairn-out,options=rbind:rw",
-            out.display()
-        );
+        let (out, mount) = self.output_mount(id);
         let wrapped = format!("exec >/.cairn-out/stdout; {script}");
         let mut args = vec![
             "run",
@@ -403,12 +398,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
     /// cairn and the output mount of [`Daemons::run_script`], for
     /// [`Daemons::exec_to_file`].
     fn run_detached(&self, image: &str, id: &str) {
-        let out = self.dir.path().join(format!("out-{id}"));
-        std::fs::create_dir(&out).unwrap();
-        let mount = format!(
-            "type=bind,src={},dst=/.cairn-out,options=rbind:rw",
-            out.display()
-        );
+        let (_, mount) = self.output_mount(id);
         self.ctr(&[
             "run",
             "-d",
@@ -422,6 +412,18 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
             "sleep",
             "600",
         ]);
+    }
+
+    /// A new directory for what container `id` writes, and the `ctr run
+    /// --mount` that binds it at `/.cairn-out` in the container.
+    fn output_mount(&self, id: &str) -> (PathBuf, String) {
+        let out = self.dir.path().join(format!("out-{id}"));
+        std::fs::create_dir(&out).unwrap();
+        let mount = format!(
+            "type=bind,src={},dst=/.cairn-out,options=rbind:rw",
+            out.display()
+        );
+        (out, mount)
     }
 
     /// `ctr task exec` in container `id` (started by
@@ -439,7 +441,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
             "/busybox/busybox",
             "sh",
             "-c",
-            &format!("PATH=/busybox; {cmd} > /.cairn-out/{exec_id}"),
+            &format!("{cmd} > /.cairn-out/{exec_id}"),
         ]);
         let f = self.dir.path().join(format!("out-{id}/{exec_id}"));
         std::fs::read(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()))
@@ -1128,7 +1130,11 @@ fn restart_while_running(v: Ctd) {
         }
     }
     let exec = |ds: &Daemons, n: u32| {
-        ds.exec_to_file(id, &format!("cat{n}"), "cat /etc/os-release /srv/top")
+        ds.exec_to_file(
+            id,
+            &format!("cat{n}"),
+            "/busybox/busybox cat /etc/os-release /srv/top",
+        )
     };
     let before = exec(&ds, 0);
     assert_eq!(before.len(), 27 + 300_000, "/etc/os-release and /srv/top");
@@ -1266,6 +1272,28 @@ impl CountingProxy {
     }
 
     /// `(user agent, digest)` of every blob GET so far.
+    /// The User-Agents of every GET of blob `digest` so far.
+    fn fetchers(&self, digest: &str) -> Vec<String> {
+        self.blob_gets()
+            .into_iter()
+            .filter(|(_, d)| d == digest)
+            .map(|(ua, _)| ua)
+            .collect()
+    }
+
+    /// Each of `digests` was fetched exactly once, and by cairn (its
+    /// User-Agent).
+    fn assert_fetched_once_by_cairn(&self, digests: &[String]) {
+        for d in digests {
+            let by = self.fetchers(d);
+            assert!(
+                by.len() == 1 && by[0].starts_with("cairn/"),
+                "blob {d} fetched by {by:?}: {:#?}",
+                self.blob_gets()
+            );
+        }
+    }
+
     fn blob_gets(&self) -> Vec<(String, String)> {
         self.blob_range_gets()
             .into_iter()
@@ -1334,39 +1362,7 @@ fn remote_pull(v: Ctd) {
     );
     // Each layer blob was fetched once, by cairn; containerd fetched only
     // the manifest and the config.
-    let manifest: serde_json::Value = {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(&upstream).unwrap();
-        write!(
-            c,
-            "GET /v2/{REPO}/manifests/{TAG} HTTP/1.0\r\nHost: {upstream}\r\nAccept: {OCI_MANIFEST}\r\n\r\n"
-        )
-        .unwrap();
-        let mut resp = Vec::new();
-        c.read_to_end(&mut resp).unwrap();
-        let body = resp.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-        serde_json::from_slice(&resp[body..]).expect("the manifest")
-    };
-    let gets = proxy.blob_gets();
-    for l in manifest["layers"].as_array().unwrap() {
-        let d = l["digest"].as_str().unwrap();
-        let by: Vec<&String> = gets
-            .iter()
-            .filter(|(_, g)| g == d)
-            .map(|(ua, _)| ua)
-            .collect();
-        assert_eq!(
-            by.len(),
-            1,
-            "layer {d} fetched {} times: {gets:#?}",
-            by.len()
-        );
-        assert!(
-            by[0].starts_with("cairn/"),
-            "layer {d} fetched by {:?}",
-            by[0]
-        );
-    }
+    proxy.assert_fetched_once_by_cairn(&layer_digests(&manifest_at(&upstream, TAG)));
     // The image runs, and prints what the normal path prints.
     let run = |sn: &str, image: &str| ds.run_test_script(sn, image, &format!("remote-{sn}"));
     let remote = run("cairn", &reference);
@@ -1530,7 +1526,12 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     let id = "lazy-long";
     ds.run_detached(&reference, id);
     let cat = |ds: &Daemons, n: u32, path: &str| {
-        String::from_utf8(ds.exec_to_file(id, &format!("cat{n}"), &format!("cat {path}"))).unwrap()
+        String::from_utf8(ds.exec_to_file(
+            id,
+            &format!("cat{n}"),
+            &format!("/busybox/busybox cat {path}"),
+        ))
+        .unwrap()
     };
     let expect =
         |i: usize| String::from_utf8(support::images::text(500 + i, 20_000 + i as u64)).unwrap();
@@ -2361,6 +2362,16 @@ fn chain_mounts(store: &std::path::Path) -> Vec<String> {
         .filter_map(|l| l.split(' ').nth(4))
         .filter(|m| m.starts_with(&chains))
         .map(str::to_owned)
+        .collect()
+}
+
+/// The layer digests a manifest lists.
+fn layer_digests(manifest: &serde_json::Value) -> Vec<String> {
+    manifest["layers"]
+        .as_array()
+        .expect("a manifest's layers")
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_owned())
         .collect()
 }
 

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use super::support::registry::LocalRegistry;
 use super::support::snapshotter::{build_rpull, push_image, Ctd, OCI_MANIFEST, REPO, TAG};
-use super::{cairn_ok_at, require_root, snapshot_rows, CountingProxy, Daemons};
+use super::{cairn_ok_at, layer_digests, require_root, snapshot_rows, CountingProxy, Daemons};
 
 const USER: &str = "puller";
 const PASSWORD: &str = "s3cret";
@@ -140,17 +140,11 @@ fn falls_back_without_credentials(v: Ctd) {
     );
     assert!(!log.contains("pulled by cairn"), "{log}");
     // containerd fetched each layer blob, cairn none.
-    let gets = proxy.blob_gets();
-    for l in manifest(&upstream)["layers"].as_array().unwrap() {
-        let d = l["digest"].as_str().unwrap();
-        let by: Vec<&String> = gets
-            .iter()
-            .filter(|(_, g)| g == d)
-            .map(|(ua, _)| ua)
-            .collect();
+    for d in layer_digests(&manifest(&upstream)) {
+        let by = proxy.fetchers(&d);
         assert!(
             !by.is_empty() && by.iter().all(|ua| !ua.starts_with("cairn/")),
-            "layer {d} fetched by {by:?}: {gets:#?}"
+            "layer {d} fetched by {by:?}"
         );
     }
     // containerd's normal path committed every layer into cairn.
@@ -193,26 +187,7 @@ fn with_credentials(v: Ctd) {
         "layers pulled by cairn, snapshotter log:\n{log}"
     );
     assert!(!log.contains("containerd fetches and unpacks it"), "{log}");
-    let gets = proxy.blob_gets();
-    for l in manifest(&upstream)["layers"].as_array().unwrap() {
-        let d = l["digest"].as_str().unwrap();
-        let by: Vec<&String> = gets
-            .iter()
-            .filter(|(_, g)| g == d)
-            .map(|(ua, _)| ua)
-            .collect();
-        assert_eq!(
-            by.len(),
-            1,
-            "layer {d} fetched {} times: {gets:#?}",
-            by.len()
-        );
-        assert!(
-            by[0].starts_with("cairn/"),
-            "layer {d} fetched by {:?}",
-            by[0]
-        );
-    }
+    proxy.assert_fetched_once_by_cairn(&layer_digests(&manifest(&upstream)));
     assert_eq!(committed(&ds), 5, "{log}");
     run(&ds, &reference, "fallback-with-creds");
     cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
