@@ -48,9 +48,39 @@ fn isolated_env(dir: &Path, auth_json: &str) -> Vec<(String, String)> {
     env
 }
 
-fn start(v: Ctd, env: &[(String, String)]) -> Daemons {
+/// The test image in [`auth_registry`], behind a counting proxy, pulled by
+/// the CRI-label client with the credentials into containerd `v` and a
+/// snapshotter whose auth file is `auth_json(the proxy's address)`.
+struct Pulled {
+    _registry: LocalRegistry,
+    _auth: tempfile::TempDir,
+    proxy: CountingProxy,
+    upstream: String,
+    reference: String,
+    ds: Daemons,
+}
+
+fn pull_with_auth_file(v: Ctd, auth_json: impl Fn(&str) -> String) -> Pulled {
+    require_root();
+    let rpull = build_rpull(v);
+    let registry = auth_registry();
+    let direct = push_image(&registry);
+    let upstream = direct.split('/').next().unwrap().to_owned();
+    let proxy = CountingProxy::start(&upstream);
+    let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
+    let auth = tempfile::tempdir().unwrap();
+    let env = isolated_env(auth.path(), &auth_json(&proxy.addr));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    Daemons::start_with_env(v, &[], &env)
+    let ds = Daemons::start_with_env(v, &[], &env);
+    ds.rpull(&rpull, &reference, RPULL_CREDS);
+    Pulled {
+        _registry: registry,
+        _auth: auth,
+        proxy,
+        upstream,
+        reference,
+        ds,
+    }
 }
 
 /// The test image's manifest, read from `upstream` with the credentials.
@@ -108,17 +138,14 @@ fn privileged_snapshotter_containerd2_remote_pull_falls_back_without_credentials
 /// Prepare fails on the registry's 401, says so, and containerd fetches
 /// and unpacks the layer itself (it has the credentials).
 fn falls_back_without_credentials(v: Ctd) {
-    require_root();
-    let rpull = build_rpull(v);
-    let reg = auth_registry();
-    let direct = push_image(&reg);
-    let upstream = direct.split('/').next().unwrap().to_owned();
-    let proxy = CountingProxy::start(&upstream);
-    let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
-    let auth = tempfile::tempdir().unwrap();
-    let env = isolated_env(auth.path(), r#"{"auths":{}}"#);
-    let ds = start(v, &env);
-    ds.rpull(&rpull, &reference, RPULL_CREDS);
+    let pulled = pull_with_auth_file(v, |_| r#"{"auths":{}}"#.to_owned());
+    let Pulled {
+        proxy,
+        upstream,
+        reference,
+        ds,
+        ..
+    } = &pulled;
     let log = ds.log();
     let fallbacks: Vec<&str> = log
         .lines()
@@ -140,7 +167,7 @@ fn falls_back_without_credentials(v: Ctd) {
     );
     assert!(!log.contains("pulled by cairn"), "{log}");
     // containerd fetched each layer blob, cairn none.
-    for d in layer_digests(&manifest(&upstream)) {
+    for d in layer_digests(&manifest(upstream)) {
         let by = proxy.fetchers(&d);
         assert!(
             !by.is_empty() && by.iter().all(|ua| !ua.starts_with("cairn/")),
@@ -148,8 +175,8 @@ fn falls_back_without_credentials(v: Ctd) {
         );
     }
     // containerd's normal path committed every layer into cairn.
-    assert_eq!(committed(&ds), 5, "{log}");
-    run(&ds, &reference, "fallback-no-creds");
+    assert_eq!(committed(ds), 5, "{log}");
+    run(ds, reference, "fallback-no-creds");
     cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
 }
 
@@ -167,19 +194,16 @@ fn privileged_snapshotter_containerd2_remote_pull_with_credentials() {
 /// cairn's `$REGISTRY_AUTH_FILE` holds the registry's credentials: every
 /// layer goes through the remote path, each blob fetched once, by cairn.
 fn with_credentials(v: Ctd) {
-    require_root();
-    let rpull = build_rpull(v);
-    let reg = auth_registry();
-    let direct = push_image(&reg);
-    let upstream = direct.split('/').next().unwrap().to_owned();
-    let proxy = CountingProxy::start(&upstream);
-    let reference = format!("{}/{REPO}:{TAG}", proxy.addr);
-    let auth = tempfile::tempdir().unwrap();
-    let auth_json =
-        serde_json::json!({"auths": {(proxy.addr.clone()): {"auth": basic(USER, PASSWORD)}}});
-    let env = isolated_env(auth.path(), &auth_json.to_string());
-    let ds = start(v, &env);
-    ds.rpull(&rpull, &reference, RPULL_CREDS);
+    let pulled = pull_with_auth_file(v, |proxy| {
+        serde_json::json!({"auths": {proxy: {"auth": basic(USER, PASSWORD)}}}).to_string()
+    });
+    let Pulled {
+        proxy,
+        upstream,
+        reference,
+        ds,
+        ..
+    } = &pulled;
     let log = ds.log();
     assert_eq!(
         log.matches("pulled by cairn").count(),
@@ -187,8 +211,8 @@ fn with_credentials(v: Ctd) {
         "layers pulled by cairn, snapshotter log:\n{log}"
     );
     assert!(!log.contains("containerd fetches and unpacks it"), "{log}");
-    proxy.assert_fetched_once_by_cairn(&layer_digests(&manifest(&upstream)));
-    assert_eq!(committed(&ds), 5, "{log}");
-    run(&ds, &reference, "fallback-with-creds");
+    proxy.assert_fetched_once_by_cairn(&layer_digests(&manifest(upstream)));
+    assert_eq!(committed(ds), 5, "{log}");
+    run(ds, reference, "fallback-with-creds");
     cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
 }
