@@ -365,6 +365,19 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
+    /// `ctr images pull` of `reference` (plain HTTP, the registry on
+    /// 127.0.0.1) into snapshotter `sn`.
+    fn pull(&self, sn: &str, reference: &str) {
+        self.ctr(&[
+            "images",
+            "pull",
+            "--plain-http",
+            "--snapshotter",
+            sn,
+            reference,
+        ]);
+    }
+
     /// `ctr run --rm` with snapshotter `sn` of `shell -c script`; returns
     /// what the script printed on its standard output. That goes to a file
     /// on a bind mount from the host, not through ctr: containerd's copy of
@@ -635,14 +648,7 @@ fn ctr_pull_and_run(v: Ctd) {
     let mut outputs = Vec::new();
     let mut trees = Vec::new();
     for sn in ["overlayfs", "cairn"] {
-        ds.ctr(&[
-            "images",
-            "pull",
-            "--plain-http",
-            "--snapshotter",
-            sn,
-            &reference,
-        ]);
+        ds.pull(sn, &reference);
         outputs.push(ds.run_test_script(sn, &reference, &format!("run-{sn}")));
         let mnt = ds.dir.path().join(format!("mnt-{sn}"));
         std::fs::create_dir(&mnt).unwrap();
@@ -1122,14 +1128,7 @@ fn restart_while_running(v: Ctd) {
     let reg = LocalRegistry::start();
     let reference = push_image(&reg);
     let mut ds = Daemons::start(v);
-    ds.ctr(&[
-        "images",
-        "pull",
-        "--plain-http",
-        "--snapshotter",
-        "cairn",
-        &reference,
-    ]);
+    ds.pull("cairn", &reference);
     let id = "long-running";
     ds.run_detached(&reference, id);
     // Stops the container whatever happens below.
@@ -1383,14 +1382,7 @@ fn remote_pull(v: Ctd) {
     // The image runs, and prints what the normal path prints.
     let run = |sn: &str, image: &str| ds.run_test_script(sn, image, &format!("remote-{sn}"));
     let remote = run("cairn", &reference);
-    ds.ctr(&[
-        "images",
-        "pull",
-        "--plain-http",
-        "--snapshotter",
-        "overlayfs",
-        &direct,
-    ]);
+    ds.pull("overlayfs", &direct);
     let normal = run("overlayfs", &direct);
     assert_same_as_overlayfs(&remote, &normal, "the remote path's container");
     // The layers above the first were placed in the image the first
@@ -1502,14 +1494,7 @@ fn lazy_remote_pull_and_restart(v: Ctd) {
     let lazy = run(&ds, "cairn", &reference, "lazy-1");
     let read_by_run = gets(&packs);
     assert!(read_by_run > 0, "nothing fetched by the run");
-    ds.ctr(&[
-        "images",
-        "pull",
-        "--plain-http",
-        "--snapshotter",
-        "overlayfs",
-        &direct,
-    ]);
+    ds.pull("overlayfs", &direct);
     let normal = run(&ds, "overlayfs", &direct, "normal-1");
     assert_same_as_overlayfs(&lazy, &normal, "the lazy remote path's container");
     assert_eq!(gets(&layers), 0, "layer blobs fetched by cairn");

@@ -89,14 +89,7 @@ fn readme_config_pull_and_run(lazy: bool) {
     let ds = Daemons::start_with_config(Ctd::V24, readme_config);
 
     // `ctr image pull`, nothing else: the transfer service.
-    ds.ctr(&[
-        "images",
-        "pull",
-        "--plain-http",
-        "--snapshotter",
-        "cairn",
-        &reference,
-    ]);
+    ds.pull("cairn", &reference);
     let pulled = if lazy {
         "pulled lazily by cairn"
     } else {
@@ -129,14 +122,7 @@ fn readme_config_pull_and_run(lazy: bool) {
     // snapshotter (pulled through the same transfer service).
     let id = if lazy { "readme-lazy" } else { "readme-cairn" };
     let remote = ds.run_test_script("cairn", &reference, id);
-    ds.ctr(&[
-        "images",
-        "pull",
-        "--plain-http",
-        "--snapshotter",
-        "overlayfs",
-        &direct,
-    ]);
+    ds.pull("overlayfs", &direct);
     let normal = ds.run_test_script("overlayfs", &direct, "readme-overlayfs");
     assert_same_as_overlayfs(&remote, &normal, "the README configuration's container");
     cairn_ok_at(&ds.dir.path().join("store"), &["fsck"]);
