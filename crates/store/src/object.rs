@@ -540,43 +540,18 @@ impl ObjectLookup<'_> {
         let b = group[0].0[0];
         let path = self.store.objects_dir().join(format!("{b:02x}"));
         let listing = listing.unwrap_or_else(|| {
-            // An ext4 entry with a 62-character name takes 72 bytes; blocks
-            // are rarely full, so this overestimates the entries a little.
-            let entries_estimate = fs::symlink_metadata(&path).map_or(0, |m| m.len() / 64);
-            (group.len() as u64).saturating_mul(16) >= entries_estimate
+            let estimate = fs::symlink_metadata(&path).map_or(0, |m| entries_estimate(m.len()));
+            listing_pays(group.len() as u64, estimate)
         });
         if !listing {
             return group.iter().find(|id| !self.has(id)).copied();
         }
-        let Ok(listing) = fs::read_dir(&path) else {
-            return Some(group[0]);
+        let Some(FanoutListing { regular, unknown }) = list_fanout(&path) else {
+            // Missing, or a listing that failed part-way: look up.
+            return group.iter().find(|id| !self.has(id)).copied();
         };
-        // Sorted and searched: no hashing of every name of the store.
-        let mut regular: Vec<[u8; 31]> = Vec::new();
-        let mut unknown: Vec<[u8; 31]> = Vec::new();
-        for entry in listing {
-            let Ok(entry) = entry else {
-                // A listing that fails part-way proves nothing: look up.
-                return group.iter().find(|id| !self.has(id)).copied();
-            };
-            let name = entry.file_name();
-            let Some(rest) = name.to_str().and_then(hex_tail) else {
-                continue;
-            };
-            // From d_type, without a stat (std looks with lstat where the
-            // filesystem leaves d_type unknown); if that fails, the lookup
-            // decides.
-            match entry.file_type() {
-                Ok(t) if t.is_file() => regular.push(rest),
-                Ok(_) => {}
-                Err(_) => unknown.push(rest),
-            }
-        }
-        regular.sort_unstable();
-        unknown.sort_unstable();
         for id in group {
-            let mut tail = [0u8; 31];
-            tail.copy_from_slice(&id.0[1..]);
+            let tail = fanout_tail(id);
             if regular.binary_search(&tail).is_ok() {
                 continue;
             }
@@ -587,6 +562,61 @@ impl ObjectLookup<'_> {
         }
         None
     }
+}
+
+/// The names of one fan-out directory, as the 31 bytes each stands for,
+/// sorted: regular files, and entries whose type the listing did not give
+/// (`d_type` unknown: a lookup decides those).
+pub(crate) struct FanoutListing {
+    pub(crate) regular: Vec<[u8; 31]>,
+    pub(crate) unknown: Vec<[u8; 31]>,
+}
+
+/// Lists the fan-out directory at `path`; `None` if it cannot be read or
+/// the listing fails part-way (which proves nothing either way). Names
+/// that are not 62 hex digits are left out.
+pub(crate) fn list_fanout(path: &Path) -> Option<FanoutListing> {
+    let mut regular: Vec<[u8; 31]> = Vec::new();
+    let mut unknown: Vec<[u8; 31]> = Vec::new();
+    for entry in fs::read_dir(path).ok()? {
+        let entry = entry.ok()?;
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(hex_tail) else {
+            continue;
+        };
+        // From d_type, without a stat (std looks with lstat where the
+        // filesystem leaves d_type unknown); if that fails, the lookup
+        // decides.
+        match entry.file_type() {
+            Ok(t) if t.is_file() => regular.push(rest),
+            Ok(_) => {}
+            Err(_) => unknown.push(rest),
+        }
+    }
+    // Sorted and searched: no hashing of every name of the store.
+    regular.sort_unstable();
+    unknown.sort_unstable();
+    Some(FanoutListing { regular, unknown })
+}
+
+/// The entries a fan-out directory of `size` bytes holds, roughly: an ext4
+/// entry with a 62-character name takes 72 bytes, and blocks are rarely
+/// full, so this overestimates a little.
+pub(crate) fn entries_estimate(size: u64) -> u64 {
+    size / 64
+}
+
+/// Whether listing a directory of `entries` (estimated) pays for `lookups`
+/// names looked up in it: when they are at least a sixteenth of them.
+pub(crate) fn listing_pays(lookups: u64, entries: u64) -> bool {
+    lookups.saturating_mul(16) >= entries
+}
+
+/// The last 31 bytes of `id`: its name within its fan-out directory.
+pub(crate) fn fanout_tail(id: &ObjectId) -> [u8; 31] {
+    let mut tail = [0u8; 31];
+    tail.copy_from_slice(&id.0[1..]);
+    tail
 }
 
 /// The 31 bytes a fan-out entry's name (62 lowercase hex digits) stands for.
