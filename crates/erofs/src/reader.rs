@@ -15,7 +15,7 @@
 //! gives the same bytes (hardlinks keep their primary entry, recovered from
 //! the breadth-first inode order).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 
 use zerocopy::FromBytes;
 
@@ -300,6 +300,17 @@ impl<'a> Image<'a> {
 
     /// The bytes of a flat (plain or inline) inode's data, at most `limit` long.
     fn flat_data(&self, ino: &RawInode, limit: u64) -> Result<Vec<u8>, ReadError> {
+        let (blocks, tail) = self.flat_parts(ino, limit)?;
+        let mut out = Vec::with_capacity(blocks.len() + tail.len());
+        out.extend_from_slice(blocks);
+        out.extend_from_slice(tail);
+        Ok(out)
+    }
+
+    /// A flat inode's data as it lies in the image, at most `limit` long:
+    /// the whole blocks (a multiple of the block size, except for a plain
+    /// inode's last block) and the inline tail (empty for plain inodes).
+    fn flat_parts(&self, ino: &RawInode, limit: u64) -> Result<(&'a [u8], &'a [u8]), ReadError> {
         let nid = ino.nid;
         if ino.size > limit {
             return Err(corrupt(
@@ -330,28 +341,27 @@ impl<'a> Image<'a> {
                 )))
             }
         };
-        let mut out = Vec::with_capacity(ino.size as usize);
+        let mut blocks: &'a [u8] = &[];
+        let mut tail: &'a [u8] = &[];
         if blocks_len > 0 {
             let off = u64::from(ino.raw_blkaddr) * BLKSIZ;
-            let b = self.bytes(off, blocks_len).ok_or_else(|| {
+            blocks = self.bytes(off, blocks_len).ok_or_else(|| {
                 corrupt(
                     nid,
                     format!("data blocks at byte {off} lie past the end of the image"),
                 )
             })?;
-            out.extend_from_slice(b);
         }
         if tail_len > 0 {
             let off = ino.offset + ino.isize + ino.xattr_size;
             if off / BLKSIZ != (off + tail_len - 1) / BLKSIZ {
                 return Err(corrupt(nid, "inline data crosses a block boundary"));
             }
-            let b = self
+            tail = self
                 .bytes(off, tail_len)
                 .ok_or_else(|| corrupt(nid, "inline data lies past the end of the image"))?;
-            out.extend_from_slice(b);
         }
-        Ok(out)
+        Ok((blocks, tail))
     }
 
     fn xattrs(&self, ino: &RawInode) -> Result<Vec<Xattr>, ReadError> {
@@ -390,13 +400,17 @@ impl<'a> Image<'a> {
         Ok(out)
     }
 
-    /// Directory entries (name, nid, file type), `.` and `..` included.
-    fn dirents(&self, ino: &RawInode) -> Result<Vec<(Vec<u8>, u64, u8)>, ReadError> {
+    /// Directory entries (name, nid), `.` and `..` included, into `out`
+    /// (cleared first). The names borrow from the image.
+    fn dirents(&self, ino: &RawInode, out: &mut Vec<(&'a [u8], u64)>) -> Result<(), ReadError> {
         let nid = ino.nid;
+        out.clear();
         // A directory holds at most one entry per 13 bytes; cap at the image size.
-        let data = self.flat_data(ino, self.data.len() as u64)?;
-        let mut out = Vec::new();
-        for block in data.chunks(BLKSIZ as usize) {
+        let (blocks, tail) = self.flat_parts(ino, self.data.len() as u64)?;
+        // The same blocks as chunking `blocks ++ tail`: `blocks` is whole
+        // blocks whenever there is a tail.
+        let tail = (!tail.is_empty()).then_some(tail);
+        for block in blocks.chunks(BLKSIZ as usize).chain(tail) {
             let (first, _) = Dirent::read_from_prefix(block)
                 .map_err(|_| corrupt(nid, "directory block shorter than one entry"))?;
             let names_start = usize::from(first.nameoff.get());
@@ -405,6 +419,7 @@ impl<'a> Image<'a> {
                 return Err(corrupt(nid, format!("bad first name offset {names_start}")));
             }
             let count = names_start / dsize;
+            out.reserve(count);
             for i in 0..count {
                 let d = block
                     .get(i * dsize..(i + 1) * dsize)
@@ -427,121 +442,196 @@ impl<'a> Image<'a> {
                     .get(start..end)
                     .filter(|_| start >= names_start)
                     .ok_or_else(|| corrupt(nid, format!("bad name offsets {start}..{end}")))?;
-                out.push((name.to_vec(), d.nid.get(), d.file_type));
+                out.push((name, d.nid.get()));
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn build_tree(&self, opts: &ReadOptions) -> Result<Tree, ReadError> {
         let composefs = self.header.composefs_version.is_some();
-        let max_inodes = opts.max_inodes.min(self.data.len() as u64 / SLOTSIZE + 1);
+        // Positions below are `u32`; an image needs more than 128 GiB of
+        // inode slots before that cap matters.
+        let max_inodes = opts
+            .max_inodes
+            .min(self.data.len() as u64 / SLOTSIZE + 1)
+            .min(u64::from(u32::MAX - 1));
+
+        // Inodes are numbered by position in `nodes` in the order they are
+        // first reached. `index` maps a node id to its position + 1 (0: not
+        // read yet). Every node id that `inode` accepts has its 32-byte slot
+        // inside the image after `meta_base`, so `index` is bounded by the
+        // image size; ids past its end are never read successfully and take
+        // the same error path as any other bad id.
+        let slots = (self.data.len() as u64).saturating_sub(self.meta_base) / SLOTSIZE + 1;
+        let slots = usize::try_from(slots).map_err(|_| ReadError::TooManyInodes(max_inodes))?;
+        let mut index: Vec<u32> = vec![0; slots];
+        let slot = |nid: u64| usize::try_from(nid).ok().filter(|&i| i < slots);
+
+        /// Per inode: the parsed inode and what the walk knows about it.
+        struct Node {
+            raw: RawInode,
+            /// A directory already queued (or the root).
+            dir_seen: bool,
+            /// Target of at least one kept entry.
+            linked: bool,
+        }
+        /// A kept directory entry, by positions in `nodes`.
+        struct Entry<'n> {
+            parent: u32,
+            child: u32,
+            name: &'n [u8],
+            primary: bool,
+        }
 
         // Breadth-first over directories, in the order the writer lays them out.
         struct DirVisit {
-            nid: u64,
+            pos: u32,
             depth: usize,
         }
-        let mut raw: HashMap<u64, RawInode> = HashMap::new();
         let root = self.inode(self.root_nid)?;
         if FileType::from_mode(root.mode) != Some(FileType::Directory) {
             return Err(corrupt(self.root_nid, "root is not a directory"));
         }
-        raw.insert(self.root_nid, root);
-        let mut queue = VecDeque::from([DirVisit {
-            nid: self.root_nid,
-            depth: 0,
-        }]);
-        let mut seen_dirs = HashSet::from([self.root_nid]);
-        // (parent nid, name, child nid) in visiting order.
-        let mut entries: Vec<(u64, Vec<u8>, u64)> = Vec::new();
-        let mut dir_order = Vec::new();
+        let root_slot =
+            slot(self.root_nid).ok_or_else(|| corrupt(self.root_nid, "node id out of range"))?;
+        index[root_slot] = 1;
+        let mut nodes: Vec<Node> = vec![Node {
+            raw: root,
+            dir_seen: true,
+            linked: false,
+        }];
+        let mut queue = VecDeque::from([DirVisit { pos: 0, depth: 0 }]);
+        // Kept entries in visiting order; each directory's entries are
+        // contiguous and sorted by name.
+        let mut entries: Vec<Entry<'a>> = Vec::new();
+        let mut kids: Vec<(&'a [u8], u64)> = Vec::new();
         while let Some(v) = queue.pop_front() {
-            dir_order.push(v.nid);
-            let ino = &raw[&v.nid];
-            let mut kids = self.dirents(ino)?;
-            kids.retain(|(n, _, _)| n.as_slice() != b"." && n.as_slice() != b"..");
-            let mut prev: Option<Vec<u8>> = None;
-            for (name, child, _ft) in kids {
-                check_name(&name).map_err(|e| corrupt(v.nid, e.to_string()))?;
-                if prev.as_ref().is_some_and(|p| *p >= name) {
-                    return Err(corrupt(v.nid, "directory entries are not sorted or repeat"));
+            let dir_nid = nodes[v.pos as usize].raw.nid;
+            self.dirents(&nodes[v.pos as usize].raw, &mut kids)?;
+            entries.reserve(kids.len());
+            let mut prev: Option<&[u8]> = None;
+            for &(name, child) in &kids {
+                if name == b"." || name == b".." {
+                    continue;
                 }
-                prev = Some(name.clone());
-                if !raw.contains_key(&child) {
-                    if raw.len() as u64 >= max_inodes {
+                check_name(name).map_err(|e| corrupt(dir_nid, e.to_string()))?;
+                if prev.is_some_and(|p| p >= name) {
+                    return Err(corrupt(
+                        dir_nid,
+                        "directory entries are not sorted or repeat",
+                    ));
+                }
+                prev = Some(name);
+                let known = slot(child).map_or(0, |i| index[i]);
+                let pos = if known != 0 {
+                    known - 1
+                } else {
+                    if nodes.len() as u64 >= max_inodes {
                         return Err(ReadError::TooManyInodes(max_inodes));
                     }
                     let c = self.inode(child)?;
-                    raw.insert(child, c);
-                }
-                let c = &raw[&child];
-                if composefs && c.mode & S_IFMT == S_IFCHR && c.rdev == 0 {
+                    let i = slot(child).ok_or_else(|| corrupt(child, "node id out of range"))?;
+                    let pos = nodes.len() as u32;
+                    nodes.push(Node {
+                        raw: c,
+                        dir_seen: false,
+                        linked: false,
+                    });
+                    index[i] = pos + 1;
+                    pos
+                };
+                let c = &mut nodes[pos as usize];
+                if composefs && c.raw.mode & S_IFMT == S_IFCHR && c.raw.rdev == 0 {
                     // A real whiteout in a composefs image: the root's 00..ff.
                     continue;
                 }
-                if FileType::from_mode(c.mode) == Some(FileType::Directory) {
-                    if !seen_dirs.insert(child) {
+                if FileType::from_mode(c.raw.mode) == Some(FileType::Directory) {
+                    if c.dir_seen {
                         return Err(corrupt(
                             child,
                             "directory reached twice (a loop or a directory hardlink)",
                         ));
                     }
+                    c.dir_seen = true;
                     if v.depth + 1 > opts.max_depth {
                         return Err(ReadError::TooDeep(opts.max_depth));
                     }
                     queue.push_back(DirVisit {
-                        nid: child,
+                        pos,
                         depth: v.depth + 1,
                     });
                 }
-                entries.push((v.nid, name, child));
+                c.linked = true;
+                entries.push(Entry {
+                    parent: v.pos,
+                    child: pos,
+                    name,
+                    primary: false,
+                });
             }
         }
 
         // Primary entries: the writer enqueues primaries in node-id order, so
-        // walk the entries with a cursor over the sorted distinct child ids.
-        let mut distinct: Vec<u64> = entries.iter().map(|e| e.2).collect();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let mut primary = vec![false; entries.len()];
-        let mut placed = HashSet::new();
-        let mut cursor = 0;
-        for (i, e) in entries.iter().enumerate() {
-            if distinct.get(cursor) == Some(&e.2) {
-                primary[i] = true;
-                placed.insert(e.2);
-                cursor += 1;
+        // walk the entries with a cursor over the distinct child ids in
+        // ascending order (`index` is in node-id order already).
+        let mut distinct = index
+            .iter()
+            .filter(|&&p| p != 0)
+            .map(|&p| p - 1)
+            .filter(|&p| nodes[p as usize].linked)
+            .peekable();
+        let mut placed = vec![false; nodes.len()];
+        for e in entries.iter_mut() {
+            if distinct.peek() == Some(&e.child) {
+                e.primary = true;
+                placed[e.child as usize] = true;
+                distinct.next();
             }
         }
-        for (i, e) in entries.iter().enumerate() {
-            if !placed.contains(&e.2) {
-                primary[i] = true;
-                placed.insert(e.2);
+        drop(index);
+        for e in entries.iter_mut() {
+            let c = &mut placed[e.child as usize];
+            if !*c {
+                e.primary = true;
+                *c = true;
             }
         }
 
-        // Build the tree.
-        let mut ids: HashMap<u64, InodeId> = HashMap::new();
-        let root_inode = self.make_inode(&raw[&self.root_nid])?;
+        // Build the tree: the root, then every other inode in the order its
+        // first entry comes.
+        const NO_ID: InodeId = InodeId::MAX;
+        let mut ids: Vec<InodeId> = vec![NO_ID; nodes.len()];
+        let root_inode = self.make_inode(&nodes[0].raw)?;
         let mut tree = Tree::new(root_inode).map_err(|e| ReadError::Corrupt(e.to_string()))?;
-        ids.insert(self.root_nid, crate::tree::ROOT);
+        tree.inodes.reserve(nodes.len() - 1);
+        ids[0] = crate::tree::ROOT;
         for e in &entries {
-            if let std::collections::hash_map::Entry::Vacant(slot) = ids.entry(e.2) {
-                let inode = self.make_inode(&raw[&e.2])?;
-                slot.insert(tree.push(inode));
+            let id = &mut ids[e.child as usize];
+            if *id == NO_ID {
+                let inode = self.make_inode(&nodes[e.child as usize].raw)?;
+                *id = tree.push(inode);
             }
         }
-        for (i, (parent, name, child)) in entries.into_iter().enumerate() {
-            let (p, c) = (ids[&parent], ids[&child]);
+        drop(nodes);
+        for group in entries.chunk_by(|a, b| a.parent == b.parent) {
+            let p = ids[group[0].parent as usize];
             if let InodeData::Directory(map) = &mut tree.inode_mut(p).data {
-                map.insert(
-                    name,
-                    DirEntry {
-                        inode: c,
-                        hardlink: !primary[i],
-                    },
-                );
+                let kids = group.iter().map(|e| {
+                    (
+                        e.name.to_vec(),
+                        DirEntry {
+                            inode: ids[e.child as usize],
+                            hardlink: !e.primary,
+                        },
+                    )
+                });
+                if map.is_empty() {
+                    // Names are strictly ascending: a bulk build.
+                    *map = kids.collect();
+                } else {
+                    map.extend(kids);
+                }
             }
         }
         if composefs {
@@ -685,7 +775,8 @@ fn parse_xattr_entry(b: &[u8]) -> Result<(Xattr, u64), String> {
     let value = b
         .get(hdr + name_len..hdr + name_len + value_len)
         .ok_or("xattr value past the end of its area")?;
-    let mut name = prefix.to_vec();
+    let mut name = Vec::with_capacity(prefix.len() + suffix.len());
+    name.extend_from_slice(prefix);
     name.extend_from_slice(suffix);
     if name.is_empty() {
         return Err("empty xattr name".into());
