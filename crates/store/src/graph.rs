@@ -132,6 +132,10 @@ fn contents_at(
         image_bytes: data.len() as u64,
         ..ImageContents::default()
     };
+    // Each object's first use in walk order, gathered in a list and sorted
+    // once: inserting into the map one by one moved its large entries
+    // around for every file (half the walk's time for 8,000 objects).
+    let mut uses: Vec<(ObjectId, ObjectUse)> = Vec::new();
     tree.walk(|path, id, entry| {
         if entry.hardlink {
             return;
@@ -150,19 +154,24 @@ fn contents_at(
             return;
         };
         match object_id_of_payload(payload) {
-            Some(id) => {
-                c.objects.entry(id).or_insert_with(|| ObjectUse {
+            Some(id) => uses.push((
+                id,
+                ObjectUse {
                     size: inode.size,
                     path: path.to_vec(),
                     digest: reg.digest.map(ObjectId),
-                });
-            }
+                },
+            )),
             None => c.bad_payloads.push(BadPayload {
                 path: path.to_vec(),
                 payload: payload.clone(),
             }),
         }
     });
+    // Stable: of the uses of one object, the first in walk order stays.
+    uses.sort_by_key(|u| u.0);
+    uses.dedup_by(|later, first| later.0 == first.0);
+    c.objects = uses.into_iter().collect();
     Ok((c, at))
 }
 
@@ -175,11 +184,14 @@ pub(crate) fn object_id_of_payload(payload: &[u8]) -> Option<ObjectId> {
     if fanout.len() != 2 || rest.len() != 62 {
         return None;
     }
-    let hex = format!("{fanout}{rest}");
-    if !crate::object::is_lower_hex(&hex) {
+    let mut buf = [0u8; 64];
+    buf[..2].copy_from_slice(fanout.as_bytes());
+    buf[2..].copy_from_slice(rest.as_bytes());
+    let hex = std::str::from_utf8(&buf).ok()?;
+    if !crate::object::is_lower_hex(hex) {
         return None;
     }
-    ObjectId::from_hex(&hex).ok()
+    ObjectId::from_hex(hex).ok()
 }
 
 /// Apparent and allocated bytes of everything at `path` (a file, or a
