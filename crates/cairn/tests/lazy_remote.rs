@@ -531,6 +531,77 @@ fn referrers_api_and_a_registry_that_ignores_range() {
     assert_fsck_clean(&b, "after a fetch from a registry that ignores Range");
 }
 
+/// A lazy pull pinned to a manifest digest (as the snapshotter pulls, with
+/// containerd's `cri.manifest-digest`) looks up the referrers while the
+/// manifest is still being read, not after it: here the manifest's answer
+/// is held back, and the referrers tag and the artifact are asked for
+/// meanwhile. The config comes once: the artifact names the config the
+/// resolution fetched.
+#[test]
+fn a_pinned_lazy_pull_looks_up_referrers_while_the_manifest_comes() {
+    let reg = LocalRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    let push = published(&reg, &a, "256K");
+    let subject = push["subject_digest"].as_str().unwrap().to_string();
+    let artifact = push["artifact_digest"].as_str().unwrap().to_string();
+    let (manifest, _) = served_manifest(&reg, "lazy/set", &subject);
+    let config = serde_json::from_slice::<Value>(&manifest).unwrap()["config"]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // (path, when it arrived, when it was answered)
+    let seen: Arc<Mutex<Vec<(String, Instant, Instant)>>> = Arc::default();
+    let upstream = reg.addr.clone();
+    let manifest_path = format!("/v2/lazy/set/manifests/{subject}");
+    let log = seen.clone();
+    let fake = FakeServer::start(move |req| {
+        let arrived = Instant::now();
+        if req.path == manifest_path {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let reply = forward(&upstream, req, false);
+        log.lock()
+            .unwrap()
+            .push((req.path.clone(), arrived, Instant::now()));
+        reply
+    });
+    let via = format!("{}/lazy/set@{subject}", fake.addr);
+    let pulled = json(&b, &["pull", "--lazy", &via]);
+    assert_eq!(pulled["artifact_digest"], artifact.as_str(), "{pulled:#}");
+    assert_eq!(pulled["manifest_digest"], subject.as_str(), "{pulled:#}");
+    let seen = seen.lock().unwrap().clone();
+    let find = |want: &str| {
+        seen.iter()
+            .find(|(p, _, _)| p.as_str() == want)
+            .unwrap_or_else(|| panic!("no request for {want}: {seen:#?}"))
+            .clone()
+    };
+    let (_, _, manifest_answered) = find(&format!("/v2/lazy/set/manifests/{subject}"));
+    let tag = format!("/v2/lazy/set/manifests/{}", subject.replace(':', "-"));
+    let (_, tag_asked, _) = find(&tag);
+    let (_, artifact_asked, _) = find(&format!("/v2/lazy/set/manifests/{artifact}"));
+    assert!(
+        tag_asked < manifest_answered && artifact_asked < manifest_answered,
+        "the referrers were looked up after the manifest came: {seen:#?}"
+    );
+    let config_path = format!("/v2/lazy/set/blobs/{config}");
+    assert_eq!(
+        seen.iter().filter(|(p, _, _)| *p == config_path).count(),
+        1,
+        "the config was fetched more than once: {seen:#?}"
+    );
+    // What was pulled is what an unpinned pull gives.
+    let c = dir.path().join("c");
+    let plain = json(&c, &["pull", "--lazy", &reg.reference("lazy/set:full")]);
+    assert_eq!(pulled["image_digest"], plain["image_digest"]);
+    assert_eq!(
+        cairn_ok(&b, &["dump", &via]),
+        cairn_ok(&c, &["dump", &reg.reference("lazy/set:full")])
+    );
+}
+
 /// (path, size, object id in hex) of the files of a `cairn dump` that are
 /// backed by objects (their payload is `ab/cdef…`), in dump order.
 fn object_files(dump: &str) -> Vec<(&str, u64, String)> {

@@ -270,6 +270,20 @@ pub fn add_referrer(
 
 /// Decompresses a whole zstd blob, refusing more than `limit` bytes.
 pub fn unzstd(data: &[u8], limit: u64, what: &str) -> Result<Vec<u8>, RemoteError> {
+    // One frame that says its size (as `cairn push` writes them), within
+    // the limit: in one call into a buffer of that size, which is all the
+    // call may write (no window buffer, no growing copies). Anything else,
+    // or any error, goes the streaming way, which also words the error.
+    if let Ok(Some(size)) = zstd::zstd_safe::get_frame_content_size(data) {
+        if size <= limit {
+            let mut out = Vec::with_capacity(size as usize);
+            let done = zstd::bulk::Decompressor::new()
+                .and_then(|mut d| d.decompress_to_buffer(data, &mut out));
+            if matches!(done, Ok(n) if n as u64 == size) {
+                return Ok(out);
+            }
+        }
+    }
     let dec = zstd::stream::read::Decoder::new(data)
         .map_err(|e| RemoteError::invalid(what, format!("zstd: {e}")))?;
     let mut out = Vec::new();

@@ -7,13 +7,17 @@
 //! schema `sha256-<hex>`), and the last cairn artifact listed is used.
 //! Without one the pull fails and says why: never a silent full pull.
 //!
-//! Fetched and checked, in this order: the artifact manifest (by digest),
-//! the config (its digest), the EROFS image (the blob's digest, then the
-//! decompressed image's sha256 against the annotation), the index (the
-//! blob's digest, then parsed with limits), and that every object the
-//! image's files use is in the index with the size the image gives it.
-//! Then, under the shared store lock: the image file, its lazy index,
-//! its record (which says where the objects come from), its name.
+//! Fetched and checked: the artifact manifest (by digest; the referrers
+//! are asked while the manifest is resolved, see [`find_artifact`]), the
+//! config (its digest; the resolution's copy when the artifact names the
+//! same config), the EROFS image (the blob's digest, then the decompressed
+//! image's sha256 against the annotation), the index (the blob's digest,
+//! then parsed with limits), and that every object the image's files use
+//! is in the index with the size the image gives it. Under the shared
+//! store lock, the image file and its lazy index are written while the
+//! image is walked for that last check; its record (which says where the
+//! objects come from, and makes it an image of the store) and its name
+//! only once the check has passed.
 
 use std::collections::BTreeMap;
 
@@ -99,6 +103,9 @@ struct Found {
     artifact_bytes: Vec<u8>,
     /// The source image's manifest (digest, bytes), when it could be read.
     source: Option<(Digest, Vec<u8>)>,
+    /// Its config (digest, bytes), fetched and checked as it was resolved:
+    /// not fetched again if the artifact names the same.
+    config: Option<(Digest, Vec<u8>)>,
 }
 
 fn fetch_artifact(
@@ -132,67 +139,29 @@ fn fetch_artifact(
     Ok(m.bytes)
 }
 
-/// Finds the cairn artifact for `r`: `r` itself, or a referrer of the
-/// manifest `r` resolves to.
-fn find_artifact(
+/// What the referrers of a manifest hold for a lazy pull: the last cairn
+/// artifact they list with its manifest's bytes (or none), how they were
+/// looked up, and the bytes fetched for that.
+struct Referring {
+    artifact: Option<(Digest, Vec<u8>)>,
+    how: &'static str,
+    fetched: u64,
+}
+
+/// Looks up the cairn artifacts that refer to the manifest `subject` (the
+/// referrers API, else the referrers tag schema) and fetches the last
+/// one's manifest.
+fn referring_artifact(
     reg: &Registry,
     r: &ImageRef,
-    platform: Option<&PlatformSpec>,
-    fetched: &mut u64,
-) -> Result<Lookup, RemoteError> {
-    let display = r.to_string();
+    subject: &Digest,
+    display: &str,
+) -> Result<Referring, RemoteError> {
     let repo = &r.repository;
-    // Read once: an artifact is used as it is, anything else is resolved
-    // from these bytes as `cairn pull` resolves it.
-    let top = reg.fetch_manifest(
-        repo,
-        &r.manifest_reference(),
-        &media_type::MANIFEST_ACCEPT,
-        BodySize::AtMost(MAX_MANIFEST_SIZE),
-        &display,
-    )?;
-    *fetched += top.bytes.len() as u64;
-    if artifact::is_artifact(&top.bytes) {
-        let digest = Digest::of(&top.bytes);
-        if let Some(pinned) = &r.digest {
-            if *pinned != digest {
-                return Err(cairn_oci::PullError::DigestMismatch {
-                    what: format!("manifest {display}"),
-                    expected: pinned.to_string(),
-                    actual: digest.to_string(),
-                }
-                .into());
-            }
-        }
-        // The source manifest, for the record, if the repository has it.
-        let a = artifact::parse(&top.bytes, &format!("artifact {display}"))?;
-        let source = a.subject.as_ref().and_then(|s| {
-            let m = reg
-                .fetch_manifest(
-                    repo,
-                    s.digest.as_str(),
-                    &media_type::MANIFEST_ACCEPT,
-                    BodySize::Exactly(s.size),
-                    &format!("subject {} of {display}", s.digest),
-                )
-                .ok()?;
-            (Digest::of(&m.bytes) == s.digest).then(|| (s.digest.clone(), m.bytes))
-        });
-        return Ok(Lookup::Artifact(Found {
-            artifact_digest: digest,
-            artifact_bytes: top.bytes,
-            source,
-        }));
-    }
-    let resolved = cairn_oci::resolve_fetched(reg, r, platform, top)?;
-    if resolved.index_digest.is_some() {
-        // Chosen from an index: the platform's manifest was fetched too.
-        *fetched += resolved.manifest_bytes.len() as u64;
-    }
-    let subject = &resolved.manifest_digest;
+    let mut fetched = 0u64;
     let (listed, how) = match reg.referrers(repo, subject, Some(media_type::CAIRN_LAZY_ARTIFACT))? {
         Referrers::Index(bytes) => {
-            *fetched += bytes.len() as u64;
+            fetched += bytes.len() as u64;
             (
                 artifact::artifacts_in(&bytes, &format!("referrers of {subject}"))?,
                 "the referrers API",
@@ -208,7 +177,7 @@ fn find_artifact(
                 &format!("{}/{repo}:{tag}", r.registry),
             ) {
                 Ok(m) => {
-                    *fetched += m.bytes.len() as u64;
+                    fetched += m.bytes.len() as u64;
                     (
                         artifact::artifacts_in(&m.bytes, &format!("referrers index {tag}"))?,
                         "the referrers tag schema",
@@ -221,44 +190,178 @@ fn find_artifact(
             }
         }
     };
-    let Some(chosen) = listed.last() else {
-        if let Some(annotations) = crate::estargz_pull::toc_annotations(&resolved.manifest_bytes) {
-            return Ok(Lookup::Estargz(Box::new(resolved), annotations));
+    let artifact = match listed.last() {
+        Some(chosen) => {
+            let bytes = fetch_artifact(reg, repo, chosen, display)?;
+            fetched += bytes.len() as u64;
+            Some((chosen.digest.clone(), bytes))
         }
-        let layers: Vec<&str> = resolved
-            .layers
-            .iter()
-            .map(|l| l.media_type.as_str())
-            .collect();
-        let stargz = has_stargz_toc(&resolved.manifest_bytes);
-        let toc = if stargz {
-            "only some of its layers carry eStargz table-of-contents annotations (cairn reads an \
-             eStargz image lazily only when every layer has one)"
-                .to_string()
-        } else {
-            format!(
-                "it has no eStargz table of contents either (its layers are plain {})",
-                layers.join(", ")
-            )
-        };
-        return Err(RemoteError::NotLazy {
-            reference: display.clone(),
-            why: format!(
-                "no cairn lazy artifact ({}) refers to its manifest {subject} in {}/{repo} \
-                 (looked up through {how}), and {toc}; `cairn pull {display}` pulls it whole, \
-                 and `cairn push` publishes an artifact for it",
-                media_type::CAIRN_LAZY_ARTIFACT,
-                r.registry,
-            ),
-        });
+        None => None,
     };
-    let bytes = fetch_artifact(reg, repo, chosen, &display)?;
-    *fetched += bytes.len() as u64;
-    Ok(Lookup::Artifact(Found {
-        artifact_digest: chosen.digest.clone(),
-        artifact_bytes: bytes,
-        source: Some((subject.clone(), resolved.manifest_bytes)),
-    }))
+    Ok(Referring {
+        artifact,
+        how,
+        fetched,
+    })
+}
+
+/// A scoped thread's result (its panic goes on in the caller).
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
+/// Whether `bytes` (fetched with `content_type`) are an image manifest,
+/// not an index: its digest is then the referrers' subject.
+fn is_image_manifest(bytes: &[u8], content_type: Option<&str>) -> bool {
+    matches!(
+        cairn_oci::spec::parse_manifest(bytes, content_type, "manifest"),
+        Ok((_, cairn_oci::spec::Manifest::Image(_)))
+    )
+}
+
+/// Finds the cairn artifact for `r`: `r` itself, or a referrer of the
+/// manifest `r` resolves to.
+///
+/// The referrers are looked up while the manifest is resolved (its config
+/// fetched), not after: for a reference pinned to a digest (the
+/// snapshotter's, from containerd's `cri.manifest-digest` label) from the
+/// start, with that digest as the subject; otherwise once the manifest is
+/// read, if it is an image manifest (an index's platform manifest is known
+/// only once resolved). A lookup for a subject the resolution does not
+/// end at is dropped, and the right one made then.
+fn find_artifact(
+    reg: &Registry,
+    r: &ImageRef,
+    platform: Option<&PlatformSpec>,
+    fetched: &mut u64,
+) -> Result<Lookup, RemoteError> {
+    let display = r.to_string();
+    let repo = &r.repository;
+    std::thread::scope(|s| {
+        let early = r.digest.as_ref().map(|subject| {
+            let display = &display;
+            (
+                subject.clone(),
+                s.spawn(move || referring_artifact(reg, r, subject, display)),
+            )
+        });
+        // Read once: an artifact is used as it is, anything else is
+        // resolved from these bytes as `cairn pull` resolves it.
+        let top = reg.fetch_manifest(
+            repo,
+            &r.manifest_reference(),
+            &media_type::MANIFEST_ACCEPT,
+            BodySize::AtMost(MAX_MANIFEST_SIZE),
+            &display,
+        )?;
+        *fetched += top.bytes.len() as u64;
+        if artifact::is_artifact(&top.bytes) {
+            let digest = Digest::of(&top.bytes);
+            if let Some(pinned) = &r.digest {
+                if *pinned != digest {
+                    return Err(cairn_oci::PullError::DigestMismatch {
+                        what: format!("manifest {display}"),
+                        expected: pinned.to_string(),
+                        actual: digest.to_string(),
+                    }
+                    .into());
+                }
+            }
+            // The source manifest, for the record, if the repository has it.
+            let a = artifact::parse(&top.bytes, &format!("artifact {display}"))?;
+            let source = a.subject.as_ref().and_then(|s| {
+                let m = reg
+                    .fetch_manifest(
+                        repo,
+                        s.digest.as_str(),
+                        &media_type::MANIFEST_ACCEPT,
+                        BodySize::Exactly(s.size),
+                        &format!("subject {} of {display}", s.digest),
+                    )
+                    .ok()?;
+                (Digest::of(&m.bytes) == s.digest).then(|| (s.digest.clone(), m.bytes))
+            });
+            return Ok(Lookup::Artifact(Found {
+                artifact_digest: digest,
+                artifact_bytes: top.bytes,
+                source,
+                config: None,
+            }));
+        }
+        let late = match &early {
+            None if is_image_manifest(&top.bytes, top.content_type.as_deref()) => {
+                let subject = Digest::of(&top.bytes);
+                let display = &display;
+                let for_subject = subject.clone();
+                Some((
+                    subject,
+                    s.spawn(move || referring_artifact(reg, r, &for_subject, display)),
+                ))
+            }
+            _ => None,
+        };
+        let resolved = cairn_oci::resolve_fetched(reg, r, platform, top)?;
+        if resolved.index_digest.is_some() {
+            // Chosen from an index: the platform's manifest was fetched too.
+            *fetched += resolved.manifest_bytes.len() as u64;
+        }
+        let subject = &resolved.manifest_digest;
+        let mut looked = None;
+        for (for_subject, h) in early.into_iter().chain(late) {
+            let got = join(h);
+            if for_subject == *subject {
+                looked = Some(got?);
+            } else if let Ok(dropped) = got {
+                // Not used, but fetched all the same.
+                *fetched += dropped.fetched;
+            }
+        }
+        let looked = match looked {
+            Some(l) => l,
+            None => referring_artifact(reg, r, subject, &display)?,
+        };
+        *fetched += looked.fetched;
+        let Some((artifact_digest, artifact_bytes)) = looked.artifact else {
+            if let Some(annotations) =
+                crate::estargz_pull::toc_annotations(&resolved.manifest_bytes)
+            {
+                return Ok(Lookup::Estargz(Box::new(resolved), annotations));
+            }
+            let layers: Vec<&str> = resolved
+                .layers
+                .iter()
+                .map(|l| l.media_type.as_str())
+                .collect();
+            let stargz = has_stargz_toc(&resolved.manifest_bytes);
+            let toc = if stargz {
+                "only some of its layers carry eStargz table-of-contents annotations (cairn reads \
+                 an eStargz image lazily only when every layer has one)"
+                    .to_string()
+            } else {
+                format!(
+                    "it has no eStargz table of contents either (its layers are plain {})",
+                    layers.join(", ")
+                )
+            };
+            return Err(RemoteError::NotLazy {
+                reference: display.clone(),
+                why: format!(
+                    "no cairn lazy artifact ({}) refers to its manifest {subject} in {}/{repo} \
+                     (looked up through {}), and {toc}; `cairn pull {display}` pulls it whole, \
+                     and `cairn push` publishes an artifact for it",
+                    media_type::CAIRN_LAZY_ARTIFACT,
+                    r.registry,
+                    looked.how,
+                ),
+            });
+        };
+        Ok(Lookup::Artifact(Found {
+            artifact_digest,
+            artifact_bytes,
+            source: Some((subject.clone(), resolved.manifest_bytes)),
+            config: Some((resolved.config_digest, resolved.config_bytes)),
+        }))
+    })
 }
 
 /// The layer annotation eStargz images carry (the digest of each layer's
@@ -362,23 +465,28 @@ pub fn pull_lazy(
         }
     }
 
-    // The config, the EROFS image and the object index at once: three
-    // round trips in one.
+    // The EROFS image and the object index at once, and the config unless
+    // the resolution fetched the same one already: one round trip.
     let ewhat = format!("EROFS metadata {} of {display}", a.erofs.digest);
     let iwhat = format!("object index {} of {display}", a.index.digest);
     let cwhat = format!("config {} of {display}", a.config.digest);
+    let known_config = found
+        .config
+        .as_ref()
+        .filter(|(d, _)| *d == a.config.digest)
+        .map(|(_, b)| b.clone());
     let (config, erofs_z, index_z) = std::thread::scope(|s| {
         let erofs = s.spawn(|| fetch_blob(&reg, &repo, &a.erofs, MAX_EROFS, &ewhat));
         let index = s.spawn(|| fetch_blob(&reg, &repo, &a.index, MAX_INDEX_BYTES, &iwhat));
-        let config = fetch_blob(
-            &reg,
-            &repo,
-            &a.config,
-            cairn_oci::spec::MAX_CONFIG_SIZE,
-            &cwhat,
-        );
-        let join = |h: std::thread::ScopedJoinHandle<'_, _>| {
-            h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+        let config = match known_config {
+            Some(bytes) => Ok(bytes),
+            None => fetch_blob(
+                &reg,
+                &repo,
+                &a.config,
+                cairn_oci::spec::MAX_CONFIG_SIZE,
+                &cwhat,
+            ),
         };
         (config, join(erofs), join(index))
     });
@@ -392,21 +500,46 @@ pub fn pull_lazy(
         &ewhat,
     )?;
     drop(erofs_z);
-    let image_sha = hex::encode(Sha256::digest(&image));
-    if let Some(expected) = &a.erofs_sha256 {
-        if *expected != image_sha {
-            return Err(cairn_oci::PullError::DigestMismatch {
-                what: format!("{ewhat} (decompressed)"),
-                expected: format!("sha256:{expected}"),
-                actual: format!("sha256:{image_sha}"),
+
+    // Two threads from here. One walks the whole image for the objects it
+    // uses (the longest step); the other checks the image's digest, reads
+    // the index, and puts the image file and the index into the store.
+    // The record, which makes the image an image of the store, is written
+    // only once both are done and the index has every object the image
+    // uses: until then the image file is unnamed and unrecorded, as after
+    // a crash between the two writes, and gc removes it.
+    let _lock = store.lock_shared()?;
+    let (objects, checked) = std::thread::scope(|s| {
+        let walk = s.spawn(|| image_objects(&image, &ewhat));
+        let checked = (|| -> Result<(String, Index, bool), RemoteError> {
+            let image_sha = hex::encode(Sha256::digest(&image));
+            if let Some(expected) = &a.erofs_sha256 {
+                if *expected != image_sha {
+                    return Err(cairn_oci::PullError::DigestMismatch {
+                        what: format!("{ewhat} (decompressed)"),
+                        expected: format!("sha256:{expected}"),
+                        actual: format!("sha256:{image_sha}"),
+                    }
+                    .into());
+                }
             }
-            .into());
-        }
-    }
-    let index = Index::parse(artifact::unzstd(&index_z, MAX_INDEX_BYTES, &iwhat)?)
-        .map_err(|e| RemoteError::invalid(&iwhat, e.0))?;
-    check_packs(&a, &index, &iwhat)?;
-    let objects = image_objects(&image, &ewhat)?;
+            let index = Index::parse(artifact::unzstd(&index_z, MAX_INDEX_BYTES, &iwhat)?)
+                .map_err(|e| RemoteError::invalid(&iwhat, e.0))?;
+            check_packs(&a, &index, &iwhat)?;
+            let complete = store
+                .image_record(&image_sha)
+                .ok()
+                .flatten()
+                .is_some_and(|rec| store.has_image(&image_sha) && rec.lazy.is_none());
+            if !complete {
+                stage_incomplete(store, &image, &index_z)?;
+            }
+            Ok((image_sha, index, complete))
+        })();
+        (join(walk), checked)
+    });
+    let (image_sha, index, complete) = checked?;
+    let objects = objects?;
     for (id, size) in &objects {
         match index.size(id) {
             Some(s) if s == *size => {}
@@ -426,16 +559,9 @@ pub fn pull_lazy(
     }
     let object_bytes: u64 = objects.values().sum();
 
-    // Into the store: image, lazy index, record, name.
-    let _lock = store.lock_shared()?;
-    let existing = store
-        .image_record(&image_sha)
-        .ok()
-        .flatten()
-        .filter(|rec| store.has_image(&image_sha) && rec.lazy.is_none());
+    // The record, and the name.
     let mut lookup = store.object_lookup();
     let objects_local = objects.keys().filter(|id| lookup.has(id)).count() as u64;
-    let complete = existing.is_some();
     if !complete {
         let (manifest_digest, manifest) = match &found.source {
             Some((d, b)) => (d.to_string(), String::from_utf8_lossy(b).into_owned()),
@@ -448,6 +574,7 @@ pub fn pull_lazy(
             manifest_digest,
             config_digest: a.config.digest.to_string(),
             manifest,
+            image_size: image.len() as u64,
             ..incomplete_record(
                 &image_sha,
                 &config,
@@ -465,7 +592,7 @@ pub fn pull_lazy(
                 },
             )
         };
-        write_incomplete(store, &image, &index_z, record)?;
+        store.write_image_record(&record)?;
     }
     if let Some(name) = &opts.name {
         store.set_ref(&cairn_store::ref_name_for(name), &image_sha)?;
@@ -579,6 +706,20 @@ pub(crate) fn write_incomplete(
     index: &[u8],
     mut record: ImageRecord,
 ) -> Result<(), RemoteError> {
+    let digest = stage_incomplete(store, image, index)?;
+    debug_assert_eq!(digest, record.image_digest);
+    record.image_size = image.len() as u64;
+    store.write_image_record(&record)?;
+    Ok(())
+}
+
+/// The files of an incomplete image without its record: the image file,
+/// then its lazy index. Returns the image's digest.
+pub(crate) fn stage_incomplete(
+    store: &Store,
+    image: &[u8],
+    index: &[u8],
+) -> Result<String, RemoteError> {
     let mut w = store.image_writer()?;
     std::io::Write::write_all(&mut w, image).map_err(|e| cairn_store::StoreError::Source {
         op: "writing",
@@ -586,11 +727,8 @@ pub(crate) fn write_incomplete(
         error: e,
     })?;
     let digest = w.commit()?;
-    debug_assert_eq!(digest, record.image_digest);
-    store.write_lazy_index(&record.image_digest, index)?;
-    record.image_size = image.len() as u64;
-    store.write_image_record(&record)?;
-    Ok(())
+    store.write_lazy_index(&digest, index)?;
+    Ok(digest)
 }
 
 #[cfg(test)]

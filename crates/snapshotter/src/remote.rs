@@ -131,8 +131,21 @@ pub fn pull_layer_lazy(
     req: &RemoteRequest,
     parent_chain: &[String],
 ) -> Result<LazyPulled, String> {
-    let reference = ImageRef::parse(&req.image_ref)
+    let mut reference = ImageRef::parse(&req.image_ref)
         .map_err(|e| format!("image ref {:?}: {e}", req.image_ref))?;
+    // Pinned to the manifest containerd unpacks: fetched by digest, and
+    // its referrers asked for at once, while it is read (see
+    // `cairn_remote::pull_lazy`). A reference with a digest of its own
+    // keeps it (a mismatch is refused below, as for any other).
+    if reference.digest.is_none() {
+        if let Some(d) = req
+            .manifest_digest
+            .as_deref()
+            .and_then(|m| cairn_oci::Digest::parse(m).ok())
+        {
+            reference.digest = Some(d);
+        }
+    }
     // Metadata only: Prepare answers once the image is in; the chain
     // mount's lazy server fetches the prefetch list in the background
     // (docs/snapshotter.md, "The lazy remote path").
