@@ -1461,8 +1461,9 @@ fn local_ids(root: &Path, ids: &[String]) -> usize {
 /// container start reads (the user database, `/etc/passwd` and
 /// `/etc/group`, not on the list), and nothing else; while the list comes
 /// through a slow link, a read of an unlisted file is answered before the
-/// list is done (its fetch does not queue behind it). A plain `pull
-/// --lazy` fetches the list at pull time.
+/// list is done (its fetch does not queue behind it), and the start files
+/// come before the list's objects. A plain `pull --lazy` fetches the list
+/// at pull time.
 #[test]
 fn privileged_lazy_mount_fetches_the_prefetch_list_in_the_background_after_the_pull() {
     require_root();
@@ -1570,6 +1571,31 @@ fn privileged_lazy_mount_fetches_the_prefetch_list_in_the_background_after_the_p
     let flowing = proxy.bytes_down();
     let target = dir.path().join("mnt-c");
     let mounted = mount_on_demand(&c, &via, &target);
+    // The start files come first, in a request of their own sent as the
+    // layer begins to serve (one round trip; the list's objects need two:
+    // the list, then its packs): when a listed object is local, they are.
+    // (Counted in that order, so that a start file that came later than a
+    // listed object cannot pass for one that came before.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let listed_now = local_ids(&c, &listed);
+        let start_now = local_ids(&c, &start_files);
+        if listed_now > 0 {
+            assert_eq!(
+                start_now,
+                2,
+                "a listed object was local before the start files; logs: {}",
+                lazy_logs(&c)
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no listed object local after 30 s; logs: {}",
+            lazy_logs(&c)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
     // Once the list is under way (its bytes flowing), read.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while proxy.bytes_down() - flowing < 100_000 {

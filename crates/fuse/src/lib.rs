@@ -414,6 +414,17 @@ impl Background {
         }
     }
 
+    /// Starts fetching `id` as [`fetch`](Self::fetch) does, without
+    /// waiting for it: a later `fetch` or open of it joins that flight.
+    /// False if the source does not have the object.
+    pub fn start(&self, id: &ObjectId) -> bool {
+        let Some(size) = self.fetcher.source().size(id) else {
+            return false;
+        };
+        self.fetcher.background(id, size, Box::new(|_| {}));
+        true
+    }
+
     /// Whether the layer is going away (unmounted): fetch no more.
     pub fn stopped(&self) -> bool {
         self.fetcher.stopped()

@@ -218,6 +218,11 @@ struct RemoteSource {
     /// fetch of one of them takes along only listed neighbours, so that
     /// the list phase fetches the list and nothing else.
     listed: std::sync::OnceLock<std::collections::HashSet<ObjectId>>,
+    /// The objects of [`START_FILES`]: fetched the moment the layer
+    /// serves, on their own (a fetch of one takes along only the others),
+    /// so that the small request that brings them waits neither for the
+    /// prefetch list nor behind its first run of neighbours.
+    start: std::collections::HashSet<ObjectId>,
 }
 
 impl ObjectSource for RemoteSource {
@@ -244,7 +249,14 @@ impl ObjectSource for RemoteSource {
                 let mut group = r
                     .neighbours(store, id, self.coalesce)
                     .unwrap_or_else(|_| vec![*id]);
-                if let Some(listed) = self.listed.get().filter(|l| l.contains(id)) {
+                if self.start.contains(id) {
+                    // A start file: with the start files next to it only.
+                    let keep = group[1..]
+                        .iter()
+                        .position(|n| !self.start.contains(n))
+                        .map_or(group.len(), |p| p + 1);
+                    group.truncate(keep);
+                } else if let Some(listed) = self.listed.get().filter(|l| l.contains(id)) {
                     // A run of the list (`cairn push` packs it first, in
                     // its order): up to the first object not on it.
                     let keep = group[1..]

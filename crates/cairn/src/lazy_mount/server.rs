@@ -301,6 +301,7 @@ fn worker(served: &mut Served, start: Start) -> i32 {
             remote,
             coalesce: settings.lazy.coalesce,
             listed: std::sync::OnceLock::new(),
+            start: served.first.iter().copied().collect(),
         })
     });
     let source: Arc<dyn ObjectSource> = match &remote {
@@ -352,6 +353,18 @@ fn worker(served: &mut Served, start: Start) -> i32 {
     // open starts an ordinary one, which fetches the whole object). The
     // list phase below finds them started. (Only a v2 list has any: no
     // second fetch of a v1 list.)
+    // The start files (`/etc/passwd`, `/etc/group`: containerd reads them
+    // through the rootfs before it creates the task) from the moment the
+    // layer serves, before the overlay on it is attached and long before
+    // the background fetch has the prefetch list: one small request.
+    if let Some(source) = &remote {
+        let bg = mount.background();
+        for id in &served.first {
+            if !source.local_id(id).is_some_and(|l| store.has_object(&l)) {
+                bg.start(id);
+            }
+        }
+    }
     let v2 = matches!(remote.as_ref().map(|s| &s.remote), Some(Remote::Artifact(r)) if r.prefetch_names_chunks());
     if v2 {
         let (source, bg) = (remote.clone().expect("checked"), mount.background());
