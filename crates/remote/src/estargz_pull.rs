@@ -375,11 +375,7 @@ pub(crate) fn pull_estargz(
 
     // Into the store: image, lazy index (the TOCs), record, name.
     let _lock = store.lock_shared()?;
-    let complete = store
-        .image_record(&image_sha)
-        .ok()
-        .flatten()
-        .is_some_and(|rec| store.has_image(&image_sha) && rec.lazy.is_none());
+    let complete = crate::lazy::complete_in_store(store, &image_sha);
     if !complete {
         let manifest = String::from_utf8_lossy(&resolved.manifest_bytes).into_owned();
         let record = ImageRecord {

@@ -526,11 +526,7 @@ pub fn pull_lazy(
             let index = Index::parse(artifact::unzstd(&index_z, MAX_INDEX_BYTES, &iwhat)?)
                 .map_err(|e| RemoteError::invalid(&iwhat, e.0))?;
             check_packs(&a, &index, &iwhat)?;
-            let complete = store
-                .image_record(&image_sha)
-                .ok()
-                .flatten()
-                .is_some_and(|rec| store.has_image(&image_sha) && rec.lazy.is_none());
+            let complete = complete_in_store(store, &image_sha);
             if !complete {
                 stage_incomplete(store, &image, &index_z)?;
             }
@@ -711,6 +707,16 @@ pub(crate) fn write_incomplete(
     record.image_size = image.len() as u64;
     store.write_image_record(&record)?;
     Ok(())
+}
+
+/// Whether the store has the image `image_sha` complete already (a lazy
+/// pull of it then writes nothing).
+pub(crate) fn complete_in_store(store: &Store, image_sha: &str) -> bool {
+    store
+        .image_record(image_sha)
+        .ok()
+        .flatten()
+        .is_some_and(|rec| store.has_image(image_sha) && rec.lazy.is_none())
 }
 
 /// The files of an incomplete image without its record: the image file,
