@@ -43,7 +43,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -64,8 +64,12 @@ struct Flight {
     /// for a background flight still queued (it never expires there).
     deadline: Mutex<Option<Instant>>,
     abandoned: AtomicBool,
-    /// No open waits for it (yet): it queues behind every open's flight.
+    /// No open waits for it (yet): it queues behind every open's flight,
+    /// and its thread runs at [`BACKGROUND_NICE`].
     background: AtomicBool,
+    /// The thread fetching it, once it runs (0 before): an open that comes
+    /// to wait for a background flight gives that thread its priority back.
+    tid: AtomicI32,
     /// `None` once completed: the waiters have run. Each waits for the
     /// object named with it (the flight's own, or a neighbour).
     waiters: Mutex<Option<Vec<(ObjectId, Waiter)>>>,
@@ -75,6 +79,46 @@ impl Flight {
     fn deadline(&self) -> Option<Instant> {
         *self.deadline.lock().expect("flight lock")
     }
+
+    /// On the flight's own thread, as it starts: the background priority
+    /// while no open waits for it, else the normal one (set either way: a
+    /// thread inherits its creator's, and a background flight's thread
+    /// starts the next queued flight as it ends). Checked again after
+    /// setting it: an open that came meanwhile found the thread id and may
+    /// have reset the priority before it was set.
+    fn set_thread_priority(&self) {
+        let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        self.tid.store(tid, Ordering::SeqCst);
+        let background = self.background.load(Ordering::SeqCst);
+        set_nice(0, if background { BACKGROUND_NICE } else { 0 });
+        if background && !self.background.load(Ordering::SeqCst) {
+            set_nice(0, 0);
+        }
+    }
+
+    /// An open waits for it now (its `background` just cleared): its
+    /// thread, if running, gets the normal priority back.
+    fn foreground(&self) {
+        let tid = self.tid.load(Ordering::SeqCst);
+        if tid != 0 {
+            set_nice(tid, 0);
+        }
+    }
+}
+
+/// The nice value of a background flight's thread: the prefetch list and
+/// the rest of an image are fetched while containers start, and on a
+/// small machine their decompression and hashing took the CPU the start
+/// wanted; at nice 10 they take what the start leaves (and all of it when
+/// nothing else runs). An open's flight keeps the normal priority.
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// Sets the nice value of thread `tid` (0: the calling thread; Linux keeps
+/// it per thread). Going back to 0 from above needs `CAP_SYS_NICE`, which
+/// the root cairn runs as has; without it the thread keeps the lower
+/// priority, which costs time and nothing else.
+fn set_nice(tid: i32, nice: i32) {
+    let _ = rustix::process::setpriority_process(rustix::process::Pid::from_raw(tid), nice);
 }
 
 #[derive(Default)]
@@ -350,8 +394,10 @@ impl Fetcher {
                 w.push((*id, waiter));
                 drop(waiters);
                 if !background && f.background.swap(false, Ordering::SeqCst) {
-                    // An open waits for it now: its deadline runs, and it
-                    // goes to the front queue if it has not started.
+                    // An open waits for it now: its deadline runs, its
+                    // thread gets the normal priority, and it goes to the
+                    // front queue if it has not started.
+                    f.foreground();
                     f.deadline
                         .lock()
                         .expect("flight lock")
@@ -394,6 +440,7 @@ impl Fetcher {
             deadline: Mutex::new((!background).then(|| Instant::now() + self.timeout)),
             abandoned: AtomicBool::new(false),
             background: AtomicBool::new(background),
+            tid: AtomicI32::new(0),
             waiters: Mutex::new(Some(vec![(*id, waiter)])),
         });
         state.inflight.insert(*id, flight.clone());
@@ -431,6 +478,7 @@ impl Fetcher {
         let spawned = std::thread::Builder::new()
             .name(format!("cairn-fetch-{}", &flight.id.to_hex()[..8]))
             .spawn(move || {
+                f.set_thread_priority();
                 me.run(&f);
                 me.slot_done(bg);
             });

@@ -73,6 +73,7 @@
 
 mod dev;
 mod fetch;
+pub use fetch::BACKGROUND_NICE;
 mod handover;
 mod journal;
 mod partial;

@@ -885,6 +885,14 @@ struct GroupSource {
     delay: Duration,
     groups: Mutex<Vec<Vec<ObjectId>>>,
     fetches: Mutex<Vec<ObjectId>>,
+    /// The nice value of the thread of each `stage_group`, as it began and
+    /// as it ended.
+    nices: Mutex<Vec<(i32, i32)>>,
+}
+
+/// The calling thread's nice value.
+fn thread_nice() -> i32 {
+    rustix::process::getpriority_process(None).unwrap()
 }
 
 impl ObjectSource for GroupSource {
@@ -911,7 +919,9 @@ impl ObjectSource for GroupSource {
         staged: &mut dyn FnMut(StagedObject),
     ) -> Option<Result<(), FetchError>> {
         self.groups.lock().unwrap().push(group.to_vec());
+        let began = thread_nice();
         std::thread::sleep(self.delay);
+        self.nices.lock().unwrap().push((began, thread_nice()));
         for id in group {
             staged(stage_in(&self.order, store, id));
         }
@@ -921,7 +931,8 @@ impl ObjectSource for GroupSource {
 
 /// An open brings its neighbours in one `stage_group`; an open of a
 /// neighbour while that runs joins it (no second fetch); a background
-/// fetch is joined by an open of its object the same way.
+/// fetch is joined by an open of its object the same way, and its thread,
+/// at the background priority until then, gets the normal one back.
 #[test]
 fn privileged_fuse_neighbours_and_background_share_one_fetch() {
     in_private_mount_ns(|| {
@@ -934,6 +945,7 @@ fn privileged_fuse_neighbours_and_background_share_one_fetch() {
             delay: Duration::from_millis(600),
             groups: Mutex::new(Vec::new()),
             fetches: Mutex::new(Vec::new()),
+            nices: Mutex::new(Vec::new()),
         });
         let names = ["f0", "f1", "f2", "f3", "f4"];
         let image = fx.image(
@@ -991,6 +1003,13 @@ fn privileged_fuse_neighbours_and_background_share_one_fetch() {
         let stats = fuse.stats();
         assert_eq!(stats.fetches_background, 1, "{stats:?}");
         assert_eq!(stats.fetches_started, 2, "{stats:?}");
+        // The open's fetch ran at the normal priority throughout; the
+        // background one began at the background priority and had the
+        // normal one back once the open came to wait for it.
+        assert_eq!(
+            *source.nices.lock().unwrap(),
+            vec![(0, 0), (cairn_fuse::BACKGROUND_NICE, 0)]
+        );
         // A background fetch of a local object does nothing.
         fuse.background().fetch(&id_of(&files[3])).unwrap();
         assert_eq!(fuse.stats().fetches_started, 2);
