@@ -347,12 +347,6 @@ fn worker(served: &mut Served, start: Start) -> i32 {
             }
         }
     };
-    // A v2 list's chunk entries, at once: a foreground `cairn run` tells
-    // the server that the overlay is attached only when its container has
-    // exited, and the start's opens must find these partials (else an
-    // open starts an ordinary one, which fetches the whole object). The
-    // list phase below finds them started. (Only a v2 list has any: no
-    // second fetch of a v1 list.)
     // The start files (`/etc/passwd`, `/etc/group`: containerd reads them
     // through the rootfs before it creates the task) from the moment the
     // layer serves, before the overlay on it is attached and long before
@@ -365,6 +359,12 @@ fn worker(served: &mut Served, start: Start) -> i32 {
             }
         }
     }
+    // A v2 list's chunk entries, at once: a foreground `cairn run` tells
+    // the server that the overlay is attached only when its container has
+    // exited, and the start's opens must find these partials (else an
+    // open starts an ordinary one, which fetches the whole object). The
+    // list phase below finds them started. (Only a v2 list has any: no
+    // second fetch of a v1 list.)
     let v2 = matches!(remote.as_ref().map(|s| &s.remote), Some(Remote::Artifact(r)) if r.prefetch_names_chunks());
     if v2 {
         let (source, bg) = (remote.clone().expect("checked"), mount.background());
