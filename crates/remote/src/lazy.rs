@@ -14,8 +14,8 @@
 //! image's sha256 against the annotation), the index (the blob's digest,
 //! then parsed with limits), and that every object the image's files use
 //! is in the index with the size the image gives it. Under the shared
-//! store lock, the image file and its lazy index are written while the
-//! image is walked for that last check; its record (which says where the
+//! store lock, the image file is written while the image is walked for
+//! that last check; its lazy index, its record (which says where the
 //! objects come from, and makes it an image of the store) and its name
 //! only once the check has passed.
 
@@ -503,11 +503,11 @@ pub fn pull_lazy(
 
     // Two threads from here. One walks the whole image for the objects it
     // uses (the longest step); the other checks the image's digest, reads
-    // the index, and puts the image file and the index into the store.
-    // The record, which makes the image an image of the store, is written
-    // only once both are done and the index has every object the image
-    // uses: until then the image file is unnamed and unrecorded, as after
-    // a crash between the two writes, and gc removes it.
+    // the index, and puts the image file into the store. The lazy index
+    // and the record, which makes the image an image of the store, are
+    // written only once both are done and the index has every object the
+    // image uses: until then a new image file is unnamed and unrecorded,
+    // as after a crash between the writes, and gc removes it.
     let _lock = store.lock_shared()?;
     let (objects, checked) = std::thread::scope(|s| {
         let walk = s.spawn(|| image_objects(&image, &ewhat));
@@ -528,7 +528,12 @@ pub fn pull_lazy(
             check_packs(&a, &index, &iwhat)?;
             let complete = complete_in_store(store, &image_sha);
             if !complete {
-                stage_incomplete(store, &image, &index_z)?;
+                // The image file only: it is named by its bytes, so an
+                // earlier pull's copy stays as it was. The lazy index
+                // goes with the record, after the check: an incomplete
+                // image already here keeps the index its record names
+                // if this pull's artifact turns out bad.
+                write_image_file(store, &image)?;
             }
             Ok((image_sha, index, complete))
         })();
@@ -588,6 +593,7 @@ pub fn pull_lazy(
                 },
             )
         };
+        store.write_lazy_index(&image_sha, &index_z)?;
         store.write_image_record(&record)?;
     }
     if let Some(name) = &opts.name {
@@ -721,20 +727,22 @@ pub(crate) fn complete_in_store(store: &Store, image_sha: &str) -> bool {
 
 /// The files of an incomplete image without its record: the image file,
 /// then its lazy index. Returns the image's digest.
-pub(crate) fn stage_incomplete(
-    store: &Store,
-    image: &[u8],
-    index: &[u8],
-) -> Result<String, RemoteError> {
+fn stage_incomplete(store: &Store, image: &[u8], index: &[u8]) -> Result<String, RemoteError> {
+    let digest = write_image_file(store, image)?;
+    store.write_lazy_index(&digest, index)?;
+    Ok(digest)
+}
+
+/// Writes `image` into the store's images (kept as it is if there);
+/// returns its digest.
+fn write_image_file(store: &Store, image: &[u8]) -> Result<String, RemoteError> {
     let mut w = store.image_writer()?;
     std::io::Write::write_all(&mut w, image).map_err(|e| cairn_store::StoreError::Source {
         op: "writing",
         what: "the EROFS image".into(),
         error: e,
     })?;
-    let digest = w.commit()?;
-    store.write_lazy_index(&digest, index)?;
-    Ok(digest)
+    Ok(w.commit()?)
 }
 
 #[cfg(test)]
