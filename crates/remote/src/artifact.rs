@@ -272,11 +272,15 @@ pub fn add_referrer(
 pub fn unzstd(data: &[u8], limit: u64, what: &str) -> Result<Vec<u8>, RemoteError> {
     // One frame that says its size (as `cairn push` writes them), within
     // the limit: in one call into a buffer of that size, which is all the
-    // call may write (no window buffer, no growing copies). Anything else,
-    // or any error, goes the streaming way, which also words the error.
+    // call may write (no window buffer, no growing copies). The size is the
+    // sender's word: the buffer is asked for with `try_reserve_exact`, so a
+    // header claiming gigabytes the machine will not give is a fallback,
+    // not an abort, and only what really decompresses is touched. Anything
+    // else, or any error, goes the streaming way, which also words the
+    // error.
     if let Ok(Some(size)) = zstd::zstd_safe::get_frame_content_size(data) {
-        if size <= limit {
-            let mut out = Vec::with_capacity(size as usize);
+        let mut out = Vec::new();
+        if size <= limit && out.try_reserve_exact(size as usize).is_ok() {
             let done = zstd::bulk::Decompressor::new()
                 .and_then(|mut d| d.decompress_to_buffer(data, &mut out));
             if matches!(done, Ok(n) if n as u64 == size) {
@@ -427,6 +431,18 @@ mod tests {
         assert!(unzstd_exact(&data, 9_000).is_err());
         assert!(unzstd_exact(&data, 11_000).is_err());
         assert!(unzstd_exact(b"garbage", 5).is_err());
+        // Two frames: the first's declared size is not the whole; the
+        // one-call way gives up and the streaming way reads both.
+        let mut two = data.clone();
+        two.extend_from_slice(&zstd::bulk::compress(&[8u8; 5_000], 3).unwrap());
+        let both = unzstd(&two, 20_000, "x").unwrap();
+        assert_eq!(both.len(), 15_000);
+        assert!(both[..10_000].iter().all(|&b| b == 7) && both[10_000..].iter().all(|&b| b == 8));
+        assert!(unzstd(&two, 14_999, "x").is_err());
+        // A frame with trailing garbage is refused either way.
+        let mut bad = data.clone();
+        bad.extend_from_slice(b"garbage");
+        assert!(unzstd(&bad, 20_000, "x").is_err());
     }
 
     /// One frame exactly, whatever its header says or leaves out, with
