@@ -413,18 +413,23 @@ impl<'s> Publisher<'s> {
             .unwrap_or_else(|p| p.into_inner());
         if let Known::Lookups { asked, entries } = &mut *known {
             *asked += 1;
-            let entries = *entries.get_or_insert_with(|| {
+            let estimate = *entries.get_or_insert_with(|| {
                 rustix::fs::fstat(&*dir).map_or(u64::MAX, |st| {
                     entries_estimate(u64::try_from(st.st_size).unwrap_or(u64::MAX))
                 })
             });
-            if listing_pays(*asked, entries) {
+            if listing_pays(*asked, estimate) {
                 let path = store.objects_dir().join(format!("{b:02x}"));
-                if let Some(l) = list_fanout(&path) {
-                    *known = Known::Listed {
-                        names: l.regular.into_iter().collect(),
-                        unknown: l.unknown,
-                    };
+                match list_fanout(&path) {
+                    Some(l) => {
+                        *known = Known::Listed {
+                            names: l.regular.into_iter().collect(),
+                            unknown: l.unknown,
+                        }
+                    }
+                    // Not listable (e.g. EMFILE): looked up by name from
+                    // now on, not listed again for every later object.
+                    None => *entries = Some(u64::MAX),
                 }
             }
         }
@@ -803,6 +808,39 @@ mod tests {
             ),
             "a directory of 256 names listed after 4 lookups"
         );
+    }
+
+    /// A fan-out directory whose listing fails is not listed again for each
+    /// later object: they are looked up by name, and found as before.
+    #[test]
+    fn a_fanout_that_cannot_be_listed_is_looked_up_and_not_listed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let ids: Vec<ObjectId> = (0..20).map(|i| fanout_id(0x5e, i)).collect();
+        fs::create_dir_all(store.objects_dir().join("5e")).unwrap();
+        for id in ids.iter().step_by(2) {
+            fs::write(store.object_path(id), b"z").unwrap();
+        }
+        let publisher = store.publisher(1).unwrap();
+        // The publisher holds the directory open; its path is gone, so a
+        // listing (by path) fails while lookups (by descriptor) work.
+        publisher.fanout_dir(0x5e).unwrap();
+        let moved = dir.path().join("moved-5e");
+        fs::rename(store.objects_dir().join("5e"), &moved).unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(publisher.has_object(id), i % 2 == 0, "{id}");
+        }
+        assert!(
+            matches!(
+                *publisher.0.known[0x5e].lock().unwrap(),
+                Known::Lookups {
+                    asked: 20,
+                    entries: Some(u64::MAX)
+                }
+            ),
+            "after a failed listing: lookups only, and no further listing"
+        );
+        fs::rename(&moved, store.objects_dir().join("5e")).unwrap();
     }
 
     /// A listing is a snapshot: an object another import links after it is
