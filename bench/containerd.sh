@@ -122,11 +122,11 @@ for img in "${images[@]}"; do
     python)
       { made_with_epoch "$blobs/python.done" &&
         [ -d "$work/registry/data/docker/registry/v2/repositories/bench/python/_manifests/tags/gzip" ]; } ||
-        "$here/pull-containerd.sh" --prepare-only --only python --compression gzip --work "$work"
+        "$here/pull-containerd.sh" --prepare-only --only python --compression gzip --work "$work" --cairn "$cairn"
       ;;
     linux)
       { [ -f "$work/images/linux-tree.done" ] && made_with_epoch "$blobs/debian.done"; } ||
-        "$here/pull-containerd.sh" --prepare-only --only linux,debian --compression gzip --work "$work"
+        "$here/pull-containerd.sh" --prepare-only --only linux,debian --compression gzip --work "$work" --cairn "$cairn"
       ;;
   esac
 done
